@@ -1,0 +1,45 @@
+# pykubelet: `make run` starts the example pods, `make test` runs every check.
+# Both create .venv themselves on a fresh Debian 12 machine with Python 3.11.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ROOT_DIR ?= .run/root
+PORT ?= 10255
+
+.PHONY: run test lint unit integration bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || scripts/install-debian-packages python3-venv
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $@
+
+run: $(STAMP)
+	@mkdir -p $(ROOT_DIR)
+	@echo "pykubelet: serving the pods of examples/manifests at http://127.0.0.1:$(PORT)/pods (Ctrl-C stops them)"
+	$(BIN)/pykubelet --pod-manifest-path examples/manifests --root-dir $(ROOT_DIR) \
+		--container-runtime process --read-only-port $(PORT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check pykubelet tests bench
+	$(BIN)/ruff format --check pykubelet tests bench
+	$(BIN)/mypy --strict pykubelet
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration
+
+test: lint
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis
