@@ -1,0 +1,228 @@
+"""The v1 Pod model: the subset of the Kubernetes API the agent understands.
+
+Every model forbids unknown fields, so a typo or a field we do not implement is an error with its
+path instead of being silently ignored. Field names are the API's camelCase names (aliases); the
+Python attributes are snake_case.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=False,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The object as the API server would serialise it (camelCase, no nulls)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class OwnerReference(ApiModel):
+    model_config = ConfigDict(extra="allow")
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+
+class ObjectMeta(ApiModel):
+    name: str = ""
+    generate_name: str | None = None
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str | None = None
+    generation: int | None = None
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+    deletion_grace_period_seconds: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    owner_references: list[OwnerReference] | None = None
+    finalizers: list[str] | None = None
+    managed_fields: list[dict[str, Any]] | None = None
+    self_link: str | None = None
+
+
+class ObjectFieldSelector(ApiModel):
+    api_version: str | None = None
+    field_path: str
+
+
+class EnvVarSource(ApiModel):
+    field_ref: ObjectFieldSelector
+
+
+class EnvVar(ApiModel):
+    name: str
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+
+Protocol = Literal["TCP", "UDP", "SCTP"]
+
+
+class ContainerPort(ApiModel):
+    name: str | None = None
+    container_port: int
+    host_port: int | None = None
+    host_ip: str | None = Field(default=None, alias="hostIP")
+    protocol: Protocol = "TCP"
+
+
+class ResourceRequirements(ApiModel):
+    limits: dict[str, str | int | float] = Field(default_factory=dict)
+    requests: dict[str, str | int | float] = Field(default_factory=dict)
+
+
+class Container(ApiModel):
+    name: str = ""
+    image: str = ""
+    command: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list)
+    working_dir: str | None = None
+    env: list[EnvVar] = Field(default_factory=list)
+    ports: list[ContainerPort] = Field(default_factory=list)
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
+    termination_message_path: str | None = None
+    termination_message_policy: Literal["File", "FallbackToLogsOnError"] | None = None
+    # Only init containers may set it, and only to Always (a sidecar).
+    restart_policy: Literal["Always"] | None = None
+    stdin: bool | None = None
+    tty: bool | None = None
+
+
+RestartPolicy = Literal["Always", "OnFailure", "Never"]
+
+
+class PodSecurityContext(ApiModel):
+    """Accepted only empty (`securityContext: {}`, as kubectl writes it) until it is implemented."""
+
+
+class PodSpec(ApiModel):
+    containers: list[Container] = Field(default_factory=list)
+    init_containers: list[Container] = Field(default_factory=list)
+    restart_policy: RestartPolicy = "Always"
+    termination_grace_period_seconds: int = 30
+    active_deadline_seconds: int | None = None
+    node_name: str = ""
+    host_network: bool | None = None
+    dns_policy: str | None = None
+    scheduler_name: str | None = None
+    service_account_name: str | None = None
+    service_account: str | None = None
+    priority: int | None = None
+    priority_class_name: str | None = None
+    enable_service_links: bool | None = None
+    hostname: str | None = None
+    subdomain: str | None = None
+    node_selector: dict[str, str] | None = None
+    tolerations: list[dict[str, Any]] | None = None
+    security_context: PodSecurityContext | None = None
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+class StatusModel(ApiModel):
+    # Status is written by agents, not users: tolerate fields from newer API servers.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ContainerStateWaiting(StatusModel):
+    reason: str | None = None
+    message: str | None = None
+
+
+class ContainerStateRunning(StatusModel):
+    started_at: datetime | None = None
+
+
+class ContainerStateTerminated(StatusModel):
+    exit_code: int
+    signal: int | None = None
+    reason: str | None = None
+    message: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    container_id: str | None = Field(default=None, alias="containerID")
+
+
+class ContainerState(StatusModel):
+    waiting: ContainerStateWaiting | None = None
+    running: ContainerStateRunning | None = None
+    terminated: ContainerStateTerminated | None = None
+
+
+class ContainerStatus(StatusModel):
+    name: str
+    state: ContainerState = Field(default_factory=ContainerState)
+    last_state: ContainerState = Field(default_factory=ContainerState)
+    ready: bool = False
+    started: bool | None = None
+    restart_count: int = 0
+    image: str = ""
+    image_id: str = Field(default="", alias="imageID")
+    container_id: str | None = Field(default=None, alias="containerID")
+
+
+class PodCondition(StatusModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    last_probe_time: datetime | None = None
+    last_transition_time: datetime | None = None
+    reason: str | None = None
+    message: str | None = None
+
+
+class PodIP(StatusModel):
+    ip: str
+
+
+class PodStatus(StatusModel):
+    phase: Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"] | None = None
+    conditions: list[PodCondition] = Field(default_factory=list)
+    message: str | None = None
+    reason: str | None = None
+    host_ip: str | None = Field(default=None, alias="hostIP")
+    pod_ip: str | None = Field(default=None, alias="podIP")
+    pod_ips: list[PodIP] | None = Field(default=None, alias="podIPs")
+    start_time: datetime | None = None
+    init_container_statuses: list[ContainerStatus] | None = None
+    container_statuses: list[ContainerStatus] | None = None
+    qos_class: str | None = None
+
+
+class Pod(ApiModel):
+    api_version: Literal["v1"] = "v1"
+    kind: Literal["Pod"] = "Pod"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: PodSpec = Field(default_factory=PodSpec)
+    status: PodStatus = Field(default_factory=PodStatus)
+
+    @property
+    def uid(self) -> str:
+        return self.metadata.uid
+
+    @property
+    def full_name(self) -> str:
+        """`name_namespace`, the kubelet's key for "the same pod" across UIDs."""
+        return f"{self.metadata.name}_{self.metadata.namespace}"
+
+    @property
+    def key(self) -> str:
+        """`namespace/name`, as users and kubectl write it."""
+        return f"{self.metadata.namespace}/{self.metadata.name}"
+
+    def all_containers(self) -> list[Container]:
+        return [*self.spec.init_containers, *self.spec.containers]

@@ -1,0 +1,56 @@
+"""Defaults the kubelet gives pods that come from files and URLs (static pods)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pykubelet.api.errors import FieldError, ManifestError
+from pykubelet.api.model import Pod
+from pykubelet.api.validation import dns_subdomain_error
+
+CONFIG_SOURCE = "kubernetes.io/config.source"
+CONFIG_HASH = "kubernetes.io/config.hash"
+CONFIG_SEEN = "kubernetes.io/config.seen"
+CONFIG_MIRROR = "kubernetes.io/config.mirror"
+# Annotations the agent writes itself: a change in them is no change of the pod.
+LOCAL_ANNOTATIONS = frozenset({CONFIG_SOURCE, CONFIG_SEEN, CONFIG_MIRROR})
+
+
+def static_pod_uid(pod: Pod, node_name: str, location: str) -> str:
+    """A stable UID for a manifest: the node, where it came from and what it says.
+
+    The kubelet resets its hasher before hashing the pod, so two identical files collide
+    (kubernetes/kubernetes#43420); we hash all three so they do not.
+    """
+    digest = hashlib.md5(usedforsecurity=False)
+    digest.update(node_name.encode())
+    digest.update(b"\x00")
+    digest.update(location.encode())
+    digest.update(b"\x00")
+    digest.update(json.dumps(pod.to_api(), sort_keys=True, separators=(",", ":")).encode())
+    return digest.hexdigest()
+
+
+def apply_static_defaults(pod: Pod, node_name: str, source: str, location: str) -> Pod:
+    """Namespace, node-suffixed name, nodeName, UID and config annotations, as the kubelet does.
+
+    Raises ManifestError if the generated name is not a valid pod name.
+    """
+    node = node_name.lower()
+    result = pod.model_copy(deep=True)
+    meta = result.metadata
+    if not meta.uid:
+        meta.uid = static_pod_uid(pod, node, location)
+    meta.name = f"{meta.name}-{node}"
+    if err := dns_subdomain_error(meta.name):
+        raise ManifestError(
+            location, [FieldError("metadata.name", f"with the node name appended: {err}")]
+        )
+    if not meta.namespace:
+        meta.namespace = "default"
+    result.spec.node_name = node_name
+    meta.annotations[CONFIG_HASH] = meta.uid
+    meta.annotations[CONFIG_SOURCE] = source
+    result.status.phase = "Pending"
+    return result
