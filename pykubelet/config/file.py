@@ -1,0 +1,259 @@
+"""The file source: pods from a manifest file or a directory of them.
+
+A full list at start and every `--file-check-frequency`, plus inotify so that an edit is seen at
+once. Every change sends the source's whole state as a SET, as the kubelet's file source does.
+
+Where we do better than the kubelet: a manifest that was good and turns bad keeps its last good
+pod running (the kubelet drops it, which kills a running pod over a typo), and editor leftovers
+(`*~`, `*.swp`, `*.bak`, `#*#`) and files that are not `.yaml`/`.yml`/`.json` are never run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncinotify import Inotify, Mask
+
+from pykubelet.api.decode import decode_pod
+from pykubelet.api.errors import FieldError, ManifestError
+from pykubelet.api.model import Pod
+from pykubelet.api.static import apply_static_defaults
+from pykubelet.config.types import FILE_SOURCE, Op, PodUpdate
+from pykubelet.events import EventRecorder, ObjectRef
+
+log = logging.getLogger(__name__)
+
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+WATCH_MASK = (
+    Mask.CREATE
+    | Mask.CLOSE_WRITE
+    | Mask.MOVED_TO
+    | Mask.MOVED_FROM
+    | Mask.DELETE
+    | Mask.ATTRIB
+    | Mask.DELETE_SELF
+    | Mask.MOVE_SELF
+)
+# A burst of events (an editor's save, `cp *`) is folded into one scan after this quiet time.
+DEBOUNCE_SECONDS = 0.005
+WATCH_RETRY_MIN, WATCH_RETRY_MAX = 1.0, 20.0
+
+
+def is_manifest_name(name: str) -> bool:
+    if name.startswith((".", "#")) or name.endswith(("~", ".swp", ".bak", "#")):
+        return False
+    return name.endswith(MANIFEST_SUFFIXES)
+
+
+@dataclass
+class _Entry:
+    signature: tuple[int, int, int, int]  # (dev, ino, size, mtime_ns)
+    pod: Pod | None  # the last good pod of this file
+    error: ManifestError | None  # why the current content is not used
+
+
+@dataclass
+class ScanResult:
+    pods: list[Pod]
+    new_errors: list[ManifestError]  # problems not reported before
+    kept_stale: set[str]  # files whose last good pod is kept although they are now bad
+
+
+class ManifestDirectory:
+    """The synchronous part: list, stat, read and decode; keeps the last good pod per file.
+
+    Runs in a worker thread: file I/O and YAML parsing would stall the event loop. A file is
+    only read again when its (device, inode, size, mtime) changed, so a periodic re-list of an
+    unchanged directory costs one stat per file.
+    """
+
+    def __init__(self, path: Path, node_name: str) -> None:
+        self.path = path
+        self.node_name = node_name
+        self._entries: dict[Path, _Entry] = {}
+        self._dir_error: str | None = None
+
+    def _candidates(self) -> list[Path]:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return []
+        if not stat.S_ISDIR(st.st_mode):
+            return [self.path]
+        names = sorted(
+            entry.name for entry in os.scandir(self.path) if is_manifest_name(entry.name)
+        )
+        return [self.path / name for name in names]
+
+    def scan(self, skip: frozenset[str] = frozenset()) -> ScanResult:
+        """Re-list. Files named in `skip` (being written) keep whatever they had."""
+        try:
+            candidates = self._candidates()
+        except OSError as exc:
+            # An unreadable directory is a failing source, not an empty one: keep the pods.
+            reason = f"cannot list: {exc.strerror or exc}"
+            errors = [] if reason == self._dir_error else [_io_error(str(self.path), reason)]
+            self._dir_error = reason
+            pods = [e.pod for e in self._entries.values() if e.pod is not None]
+            return ScanResult(pods, errors, set())
+        self._dir_error = None
+        seen: dict[Path, _Entry] = {}
+        new_errors: list[ManifestError] = []
+        for path in candidates:
+            previous = self._entries.get(path)
+            if path.name in skip:
+                if previous is not None:
+                    seen[path] = previous
+                continue
+            try:
+                st = path.stat()
+            except OSError:
+                continue  # vanished between the listing and the stat
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            if previous is not None and previous.signature == signature:
+                seen[path] = previous
+                continue
+            entry = self._load(path, signature, previous)
+            seen[path] = entry
+            if entry.error is not None:
+                new_errors.append(entry.error)
+        self._entries = seen
+        stale = {str(p) for p, e in seen.items() if e.error is not None and e.pod is not None}
+        return ScanResult([e.pod for e in seen.values() if e.pod is not None], new_errors, stale)
+
+    def _load(
+        self, path: Path, signature: tuple[int, int, int, int], previous: _Entry | None
+    ) -> _Entry:
+        last_good = previous.pod if previous else None
+        try:
+            pod = decode_pod(path.read_bytes(), str(path))
+            pod = apply_static_defaults(pod, self.node_name, FILE_SOURCE, str(path))
+        except ManifestError as exc:
+            return _Entry(signature, last_good, exc)
+        except OSError as exc:
+            return _Entry(
+                signature, last_good, _io_error(str(path), f"cannot read: {exc.strerror}")
+            )
+        return _Entry(signature, pod, None)
+
+
+def _io_error(location: str, reason: str) -> ManifestError:
+    return ManifestError(location, [FieldError("", reason)])
+
+
+class FileSource:
+    """The async shell: scans on start, on inotify events and every `period` seconds."""
+
+    def __init__(
+        self,
+        path: Path,
+        node_name: str,
+        period: float,
+        push: Callable[[PodUpdate], None],
+        recorder: EventRecorder,
+    ) -> None:
+        self.path = path
+        self.period = period
+        self._push = push
+        self._recorder = recorder
+        self._node = ObjectRef.node(node_name)
+        self._dir = ManifestDirectory(path, node_name)
+        self._dirty = asyncio.Event()
+        self._writing: set[str] = set()
+        self._last_sent: dict[str, Pod] | None = None
+        self.scans = 0
+
+    async def run(self) -> None:
+        watcher = asyncio.create_task(self._watch_forever(), name="file-source-inotify")
+        try:
+            await self._scan_once(full=True)
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._dirty.wait(), timeout=self.period)
+                full = not self._dirty.is_set()
+                if not full:
+                    await asyncio.sleep(DEBOUNCE_SECONDS)
+                self._dirty.clear()
+                await self._scan_once(full=full)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _scan_once(self, *, full: bool) -> None:
+        skip: frozenset[str] = frozenset() if full else frozenset(self._writing)
+        if full:
+            self._writing.clear()
+        result = await asyncio.to_thread(self._dir.scan, skip)
+        self.scans += 1
+        for error in result.new_errors:
+            kept = (
+                " (its last good pod keeps running)" if error.location in result.kept_stale else ""
+            )
+            for line in error.lines():
+                self._recorder.record("Warning", "FailedValidation", line + kept, self._node)
+        current = {pod.uid: pod for pod in result.pods}
+        if self._last_sent is not None and _same(self._last_sent, current):
+            return
+        self._last_sent = current
+        self._push(PodUpdate(list(result.pods), Op.SET, FILE_SOURCE))
+
+    async def _watch_forever(self) -> None:
+        delay = WATCH_RETRY_MIN
+        while True:
+            try:
+                await self._watch()
+                delay = WATCH_RETRY_MIN  # the watched directory went away: re-arm at once
+            except OSError as exc:
+                log.debug("cannot watch %s (%s); retrying in %.0fs", self.path, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, WATCH_RETRY_MAX)
+            self._dirty.set()
+
+    async def _watch(self) -> None:
+        target = self.path
+        only: str | None = None
+        if not target.is_dir():
+            # A single file: watch its directory, so an editor's rename-over is seen too.
+            only = target.name
+            target = target.parent
+        with Inotify() as inotify:
+            inotify.add_watch(target, WATCH_MASK)
+            # The directory may have changed between the last scan and the watch.
+            self._dirty.set()
+            async for event in inotify:
+                if event.mask & (Mask.IGNORED | Mask.DELETE_SELF | Mask.MOVE_SELF):
+                    return
+                name = str(event.name) if event.name is not None else ""
+                if only is not None and name != only:
+                    continue
+                if only is None and not is_manifest_name(name):
+                    continue
+                if event.mask & Mask.CREATE and _is_empty_regular_file(target / name):
+                    # Created but not written yet: wait for its close instead of reporting an
+                    # empty manifest.
+                    self._writing.add(name)
+                    continue
+                self._writing.discard(name)
+                self._dirty.set()
+
+
+def _is_empty_regular_file(path: Path) -> bool:
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == 0
+
+
+def _same(before: dict[str, Pod], after: dict[str, Pod]) -> bool:
+    return before.keys() == after.keys() and all(before[k] is after[k] for k in after)
