@@ -1,0 +1,156 @@
+"""The runtime interface: what the layers above need from a container runtime, and no more.
+
+A backend (host processes, the Docker Engine API, ...) implements `Runtime`. Everything above
+`runtime/` sees only these types, so it does not know which backend runs the pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import Enum
+from typing import Protocol
+
+from pykubelet.api.model import Pod
+
+# Labels/keys every backend records with each container so that a restarted agent can rebuild
+# its view of the node from the runtime alone.
+LABEL_POD_UID = "io.kubernetes.pod.uid"
+LABEL_POD_NAME = "io.kubernetes.pod.name"
+LABEL_POD_NAMESPACE = "io.kubernetes.pod.namespace"
+LABEL_CONTAINER_NAME = "io.kubernetes.container.name"
+LABEL_ATTEMPT = "io.kubernetes.container.restartCount"
+LABEL_SPEC_HASH = "io.kubernetes.container.hash"
+
+
+class ContainerRunState(Enum):
+    CREATED = "created"
+    RUNNING = "running"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class RuntimeContainer:
+    """One instance (one attempt) of a container of a pod."""
+
+    id: str  # unique within the runtime
+    runtime: str  # backend name, the scheme of containerID ("process://<id>")
+    pod_uid: str
+    pod_name: str
+    pod_namespace: str
+    name: str  # the container's name in the pod spec
+    attempt: int  # 0 on the first start; the restartCount of the next is attempt + 1
+    spec_hash: str  # hash of the container spec it was started from
+    image: str
+    state: ContainerRunState
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    exit_code: int | None = None
+    reason: str | None = None  # Completed, Error, OOMKilled, ContainerStatusUnknown, ...
+    message: str | None = None
+    pid: int | None = None
+
+    @property
+    def container_id(self) -> str:
+        return f"{self.runtime}://{self.id}"
+
+
+@dataclass(frozen=True)
+class RuntimeSandbox:
+    """What holds a pod's shared resources (an infra container, a directory)."""
+
+    id: str
+    pod_uid: str
+    pod_name: str
+    pod_namespace: str
+    ready: bool
+    ip: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class RuntimePod:
+    uid: str
+    name: str
+    namespace: str
+    sandbox: RuntimeSandbox | None
+    containers: list[RuntimeContainer] = field(default_factory=list)  # oldest attempt first
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """A container to start, with everything resolved by the sync layer."""
+
+    name: str
+    image: str
+    command: list[str]  # overrides the image entrypoint
+    args: list[str]  # overrides the image command
+    env: list[tuple[str, str]]  # expanded, in order
+    working_dir: str | None
+    attempt: int
+    spec_hash: str
+    image_pull_policy: str  # Always, IfNotPresent, Never
+    limits: dict[str, str] = field(default_factory=dict)
+    host_ports: list[tuple[int, int, str]] = field(default_factory=list)  # (host, container, proto)
+
+
+class StartError(Exception):
+    """A container could not be started. `reason` goes into its waiting state."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class RuntimeFailure(Exception):
+    """The runtime failed an operation (not the container's fault)."""
+
+
+ChangeListener = Callable[[str], None]
+
+
+class Runtime(Protocol):
+    name: str
+
+    async def start(self) -> None:
+        """Connect, and load what is already running (adoption after a restart)."""
+
+    async def close(self) -> None:
+        """Release connections. Running containers keep running."""
+
+    def add_listener(self, listener: ChangeListener) -> None:
+        """Call `listener(pod_uid)` as soon as a container of that pod starts or exits."""
+
+    async def list_pods(self) -> list[RuntimePod]:
+        """Every pod this agent created that the runtime still has, running or not."""
+
+    async def get_pod(self, uid: str) -> RuntimePod | None: ...
+
+    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
+        """Create the pod's sandbox, or return the ready one that exists."""
+
+    async def start_container(
+        self, pod: Pod, sandbox: RuntimeSandbox, config: ContainerConfig
+    ) -> RuntimeContainer:
+        """Create and start one container. Raises StartError with a Kubernetes reason."""
+
+    async def stop_container(self, container: RuntimeContainer, grace_seconds: float) -> None:
+        """SIGTERM (or the engine's stop), SIGKILL after grace_seconds; returns once it is gone."""
+
+    async def remove_container(self, container: RuntimeContainer) -> None:
+        """Forget an exited container and its logs."""
+
+    async def remove_pod(self, uid: str) -> None:
+        """Stop and remove the sandbox and whatever is left of the pod (containers are stopped)."""
+
+    async def read_log(
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        limit_bytes: int | None = None,
+    ) -> bytes:
+        """The container's stdout and stderr, interleaved as written."""

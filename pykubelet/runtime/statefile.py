@@ -1,0 +1,103 @@
+"""Small JSON state files that survive a crash of the agent or of the machine.
+
+A file is either its old content or its new content, never a mix: the new content goes to a
+temporary file in the same directory, is fsynced, renamed over the old one, and the directory is
+fsynced so that the rename itself is durable. Files are 0600 and directories 0700 because state
+and logs may hold secrets (environment values, command lines).
+
+These functions block (fsync): call them from a thread (`asyncio.to_thread`) when latency matters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+TMP_SUFFIX = ".tmp"
+
+
+class StateFileError(Exception):
+    """A state file cannot be read or does not hold what it should; the caller logs and skips it."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"state file {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+def ensure_dir(path: Path) -> None:
+    """Create `path` and its missing parents with mode 0700 (existing ones are left alone)."""
+    # mkdir's mode is filtered by the umask; 0700 survives any usual umask, and chmod-ing existing
+    # directories (maybe the operator's --root-dir) is not ours to do.
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a directory entry is a leftover of an interrupted `write_json`."""
+    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomically replace `path` with `data` as JSON. The parent directory must exist."""
+    payload = json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+    # mkstemp creates the file 0600 and O_EXCL, in the same directory so that rename is atomic.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        try:
+            view = memoryview(payload)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`. Raises StateFileError if it is unreadable or not an object.
+
+    A missing file raises FileNotFoundError instead, since callers usually treat it differently.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise StateFileError(path, f"cannot be read: {e.strerror or e}") from e
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StateFileError(path, f"is not valid JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise StateFileError(path, f"holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def remove(path: Path) -> bool:
+    """Delete `path` if it exists; whether it did."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
