@@ -1,0 +1,3 @@
+from pykubelet.cli import main
+
+raise SystemExit(main())

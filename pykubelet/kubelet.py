@@ -1,0 +1,239 @@
+"""The Kubelet: starts the sources, the PLEG and the server, and runs the sync loop.
+
+The sync loop selects over config updates, runtime events, a 1 s sync tick and 2 s
+housekeeping, and hands each pod to its worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime
+
+from pykubelet.api.model import Pod
+from pykubelet.config.file import FileSource
+from pykubelet.config.pod_config import PodConfig
+from pykubelet.config.types import FILE_SOURCE, NotificationMode, Op, PodUpdate
+from pykubelet.events import EventRecorder, ObjectRef
+from pykubelet.options import Options
+from pykubelet.pleg import PLEG, EventType, PodLifecycleEvent
+from pykubelet.pod_sync import PodSync
+from pykubelet.pod_workers import PodWorkers, UpdateType
+from pykubelet.runtime.base import Runtime
+from pykubelet.server import ReadOnlyServer, build_app
+from pykubelet.status import StatusManager
+
+log = logging.getLogger(__name__)
+
+SYNC_TICK = 1.0
+HOUSEKEEPING_PERIOD = 2.0
+
+
+def _creation_key(pod: Pod) -> datetime:
+    return pod.metadata.creation_timestamp or datetime.min.replace(tzinfo=UTC)
+
+
+class Kubelet:
+    def __init__(self, options: Options, runtime: Runtime, host_ip: str) -> None:
+        self.options = options
+        self.node_name = options.node_name
+        self.runtime = runtime
+        self.host_ip = host_ip
+        self.recorder = EventRecorder()
+        self.pod_config = PodConfig(NotificationMode.INCREMENTAL, recorder=self._merger_event)
+        self.statuses = StatusManager()
+        self.syncer = PodSync(runtime, self.statuses, self.recorder, host_ip)
+        self.pleg = PLEG(runtime)
+        self.pods: dict[str, Pod] = {}  # the desired pods (the kubelet's pod manager), by UID
+        self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
+        self._workers: PodWorkers | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.server: ReadOnlyServer | None = None
+        self.sync_loop_iterations = 0
+        self._last_loop_at = 0.0
+
+    @property
+    def workers(self) -> PodWorkers:
+        assert self._workers is not None, "the kubelet is not running"
+        return self._workers
+
+    def _merger_event(self, reason: str, subject: str, message: str) -> None:
+        self.recorder.record("Warning", reason, message, ObjectRef.node(self.node_name))
+
+    # --- run ----------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self._workers = PodWorkers(self.syncer, self.options.sync_frequency)
+        await self.runtime.start()
+        self.server = ReadOnlyServer(
+            build_app(self), self.options.address, self.options.read_only_port
+        )
+        url = await self.server.start()
+        log.info("read-only API at %s (pods at %s/pods)", url, url)
+        self._start_sources()
+        self._tasks.append(asyncio.create_task(self.pleg.run(), name="pleg"))
+        try:
+            await self._sync_loop(stop)
+        finally:
+            await self._shutdown()
+
+    def _start_sources(self) -> None:
+        opts = self.options
+        if opts.pod_manifest_path is not None:
+            source = FileSource(
+                opts.pod_manifest_path,
+                self.node_name,
+                opts.file_check_frequency,
+                self.pod_config.channel(FILE_SOURCE),
+                self.recorder,
+            )
+            self._tasks.append(asyncio.create_task(source.run(), name="source-file"))
+            log.info(
+                "watching %s for pod manifests (re-listed every %gs)",
+                opts.pod_manifest_path,
+                opts.file_check_frequency,
+            )
+        if not self._tasks:
+            log.warning("no pod source configured (--pod-manifest-path): no pods will run")
+
+    async def _shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        kill = not self.options.keep_pods_on_exit
+        if kill:
+            log.info("stopping %d pods", len(self.pods))
+        await self.workers.shutdown(kill=kill)
+        await self.runtime.close()
+        if self.server is not None:
+            await self.server.stop()
+
+    # --- the sync loop ------------------------------------------------------------------------
+
+    async def _sync_loop(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        config_get = asyncio.create_task(self.pod_config.updates.get())
+        pleg_get = asyncio.create_task(self.pleg.events.get())
+        stopped = asyncio.create_task(stop.wait())
+        next_sync = loop.time() + SYNC_TICK
+        next_housekeeping = loop.time() + HOUSEKEEPING_PERIOD
+        try:
+            while True:
+                self._last_loop_at = time.monotonic()
+                timeout = max(0.0, min(next_sync, next_housekeeping) - loop.time())
+                done, _ = await asyncio.wait(
+                    {config_get, pleg_get, stopped},
+                    timeout=timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                self.sync_loop_iterations += 1
+                if stopped in done:
+                    return
+                if config_get in done:
+                    self._handle_config(config_get.result())
+                    while not self.pod_config.updates.empty():
+                        self._handle_config(self.pod_config.updates.get_nowait())
+                    config_get = asyncio.create_task(self.pod_config.updates.get())
+                if pleg_get in done:
+                    self._handle_pleg(pleg_get.result())
+                    while not self.pleg.events.empty():
+                        self._handle_pleg(self.pleg.events.get_nowait())
+                    pleg_get = asyncio.create_task(self.pleg.events.get())
+                now = loop.time()
+                if now >= next_sync:
+                    for uid in self.workers.due_pods():
+                        if (pod := self.pods.get(uid)) is not None:
+                            self.workers.update_pod(UpdateType.SYNC, pod)
+                    next_sync = now + SYNC_TICK
+                if now >= next_housekeeping:
+                    if self.pod_config.all_sources_ready():
+                        await self._housekeeping()
+                    next_housekeeping = loop.time() + HOUSEKEEPING_PERIOD
+        finally:
+            for task in (config_get, pleg_get, stopped):
+                task.cancel()
+
+    def _handle_config(self, update: PodUpdate) -> None:
+        if update.op is Op.ADD:
+            self._handle_additions(update.pods)
+        elif update.op in (Op.UPDATE, Op.DELETE):
+            self._handle_updates(update.pods, update.op)
+        elif update.op is Op.REMOVE:
+            self._handle_removals(update.pods)
+        elif update.op is Op.RECONCILE:
+            for pod in update.pods:
+                if pod.uid in self.pods:
+                    self.pods[pod.uid] = pod
+
+    def _handle_additions(self, pods: list[Pod]) -> None:
+        for pod in sorted(pods, key=_creation_key):
+            self._remember(pod)
+            self.workers.update_pod(UpdateType.CREATE, pod)
+
+    def _handle_updates(self, pods: list[Pod], op: Op) -> None:
+        for pod in pods:
+            self._remember(pod)
+            if op is Op.DELETE:
+                grace = pod.metadata.deletion_grace_period_seconds
+                self.workers.update_pod(
+                    UpdateType.KILL, pod, grace=float(grace) if grace is not None else None
+                )
+            else:
+                self.workers.update_pod(UpdateType.UPDATE, pod)
+
+    def _handle_removals(self, pods: list[Pod]) -> None:
+        for pod in pods:
+            known = self.pods.pop(pod.uid, None)
+            if known is not None:
+                key = (known.metadata.namespace, known.metadata.name)
+                if self._by_name.get(key) == known.uid:
+                    del self._by_name[key]
+            self.workers.update_pod(UpdateType.KILL, known or pod, removed=True)
+
+    def _remember(self, pod: Pod) -> None:
+        self.pods[pod.uid] = pod
+        self._by_name[(pod.metadata.namespace, pod.metadata.name)] = pod.uid
+
+    def _handle_pleg(self, event: PodLifecycleEvent) -> None:
+        if event.type is EventType.CONTAINER_REMOVED:
+            return
+        pod = self.pods.get(event.pod_uid)
+        if pod is not None:
+            self.workers.update_pod(UpdateType.SYNC, pod)
+
+    async def _housekeeping(self) -> None:
+        """Kill what the runtime runs that no source wants; forget finished workers."""
+        for runtime_pod in await self.runtime.list_pods():
+            uid = runtime_pod.uid
+            if uid in self.pods or self.workers.is_known(uid):
+                continue
+            log.info(
+                "removing pod %s/%s (uid %s): no source has it",
+                runtime_pod.namespace,
+                runtime_pod.name,
+                uid,
+            )
+            self.workers.update_pod(UpdateType.KILL, None, uid, removed=True)
+        self.workers.forget_finished(set(self.pods))
+
+    # --- what the server reads ----------------------------------------------------------------
+
+    def pods_with_status(self) -> list[Pod]:
+        out = []
+        for pod in self.pods.values():
+            status = self.statuses.get(pod.uid)
+            out.append(pod if status is None else pod.model_copy(update={"status": status}))
+        return out
+
+    def find_pod(self, namespace: str, name: str) -> Pod | None:
+        uid = self._by_name.get((namespace, name))
+        return self.pods.get(uid) if uid else None
+
+    def health_problems(self) -> list[str]:
+        problems = []
+        if not self.pleg.healthy():
+            problems.append("pleg: the runtime has not been relisted for too long")
+        if self._last_loop_at and time.monotonic() - self._last_loop_at > 30:
+            problems.append("syncloop: no iteration in 30s")
+        return problems

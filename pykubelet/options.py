@@ -1,0 +1,87 @@
+"""The agent's typed options, and Go-style durations ("20s", "1m30s", "500ms")."""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration string. Raises ValueError naming what is wrong."""
+    value = text.strip()
+    if value in {"0", "+0", "-0"}:
+        return 0.0
+    sign = 1.0
+    if value[:1] in {"+", "-"}:
+        sign = -1.0 if value[0] == "-" else 1.0
+        value = value[1:]
+    if not value:
+        raise ValueError(f"invalid duration {text!r}")
+    total = 0.0
+    pos = 0
+    while pos < len(value):
+        match = _PART.match(value, pos)
+        if not match:
+            raise ValueError(
+                f"invalid duration {text!r}: expected a number and a unit (ns, us, ms, s, m, h), "
+                "e.g. 20s or 1m30s"
+            )
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    return sign * total
+
+
+def format_duration(seconds: float) -> str:
+    if seconds == int(seconds):
+        whole = int(seconds)
+        hours, rest = divmod(whole, 3600)
+        minutes, secs = divmod(rest, 60)
+        out = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+        return out + (f"{secs}s" if secs or not out else "")
+    return f"{seconds:g}s"
+
+
+def default_node_name() -> str:
+    return socket.gethostname().lower()
+
+
+@dataclass
+class Options:
+    node_name: str = field(default_factory=default_node_name)
+    pod_manifest_path: Path | None = None
+    file_check_frequency: float = 20.0
+    root_dir: Path = Path("/var/lib/pykubelet")
+    container_runtime: str = "process"
+    address: str = "127.0.0.1"
+    read_only_port: int = 10255
+    sync_frequency: float = 60.0
+    node_ip: str | None = None
+    keep_pods_on_exit: bool = False
+    verbosity: int = 0
+
+    def validate(self) -> list[str]:
+        problems: list[str] = []
+        if not self.node_name:
+            problems.append("--node-name: must not be empty")
+        for flag, value in (
+            ("--file-check-frequency", self.file_check_frequency),
+            ("--sync-frequency", self.sync_frequency),
+        ):
+            if value <= 0:
+                problems.append(f"{flag}: must be greater than 0")
+        if not 0 <= self.read_only_port <= 65535:
+            problems.append("--read-only-port: must be between 0 and 65535")
+        if self.container_runtime not in RUNTIMES:
+            problems.append(
+                f"--container-runtime: unsupported value {self.container_runtime!r}: "
+                f"supported are {', '.join(RUNTIMES)}"
+            )
+        return problems
+
+
+RUNTIMES = ("process",)

@@ -1,0 +1,327 @@
+"""What one sync of a pod does: drive the runtime towards the spec, then compute the status.
+
+This is the kubelet's SyncPod / computePodActions, written against the runtime interface only,
+so every backend gets the same restart policies, back-off, init-container order and termination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import defaultdict
+
+from pykubelet.api.model import Container, Pod
+from pykubelet.backoff import Backoff
+from pykubelet.envvars import container_env, expand
+from pykubelet.events import EventRecorder, ObjectRef
+from pykubelet.pod_workers import SyncResult, UpdateType
+from pykubelet.runtime.base import (
+    ContainerConfig,
+    ContainerRunState,
+    Runtime,
+    RuntimeContainer,
+    RuntimePod,
+    RuntimeSandbox,
+    StartError,
+)
+from pykubelet.status import TERMINAL_PHASES, StatusManager, Waiting, compute_pod_status
+
+log = logging.getLogger(__name__)
+
+# The kubelet never gives a container less than this to stop, whatever the pod asks.
+MIN_GRACE_SECONDS = 2.0
+DEFAULT_GRACE_SECONDS = 30.0
+
+
+def spec_hash(container: Container) -> str:
+    """A container is restarted when this changes (a spec update of an API pod)."""
+    data = json.dumps(container.to_api(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def default_pull_policy(image: str) -> str:
+    name = image.rsplit("/", 1)[-1]
+    if "@" in name:
+        return "IfNotPresent"
+    tag = name.split(":", 1)[1] if ":" in name else "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
+
+
+def should_restart(policy: str, exit_code: int | None) -> bool:
+    if policy == "Always":
+        return True
+    if policy == "OnFailure":
+        return exit_code != 0
+    return False
+
+
+def grace_seconds(pod: Pod | None, override: float | None) -> float:
+    if override is not None:
+        grace = override
+    elif pod is not None and pod.metadata.deletion_grace_period_seconds is not None:
+        grace = float(pod.metadata.deletion_grace_period_seconds)
+    elif pod is not None:
+        grace = float(pod.spec.termination_grace_period_seconds)
+    else:
+        grace = DEFAULT_GRACE_SECONDS
+    return max(grace, MIN_GRACE_SECONDS)
+
+
+def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
+    field_path = f"spec.containers{{{container}}}" if container else ""
+    return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
+
+
+class _Pass:
+    """What one sync learns on its way: waiting reasons and the earliest back-off end."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, Waiting] = {}
+        self.requeue: list[float] = []
+
+
+class PodSync:
+    """Implements the pod workers' PodSyncer against a Runtime."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        statuses: StatusManager,
+        recorder: EventRecorder,
+        host_ip: str,
+    ) -> None:
+        self.runtime = runtime
+        self.statuses = statuses
+        self.recorder = recorder
+        self.host_ip = host_ip
+        self.backoff = Backoff(time.time)
+        self._start_failures: dict[str, tuple[float, Waiting]] = {}
+
+    # --- SyncPod ------------------------------------------------------------------------------
+
+    async def sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
+        uid = pod.uid
+        previous = self.statuses.get(uid)
+        if previous is not None and previous.phase in TERMINAL_PHASES:
+            return SyncResult(terminal=True)
+        runtime_pod = await self.runtime.get_pod(uid)
+        sandbox = runtime_pod.sandbox if runtime_pod is not None else None
+        if sandbox is None or not sandbox.ready:
+            sandbox = await self.runtime.run_sandbox(pod)
+            runtime_pod = await self.runtime.get_pod(uid)
+        instances: dict[str, list[RuntimeContainer]] = defaultdict(list)
+        for c in runtime_pod.containers if runtime_pod else []:
+            instances[c.name].append(c)
+
+        state = _Pass()
+        await self._stop_unknown(pod, instances)
+        initialized, init_failed = await self._sync_init_containers(pod, sandbox, instances, state)
+        if initialized:
+            for spec in pod.spec.containers:
+                await self._sync_container(
+                    pod, sandbox, spec, instances[spec.name], pod.spec.restart_policy, state
+                )
+        runtime_pod = await self.runtime.get_pod(uid)
+        status = compute_pod_status(
+            pod, runtime_pod, state.waiting, previous, self.host_ip, initialized, init_failed
+        )
+        self.statuses.set(uid, status)
+        if status.phase in TERMINAL_PHASES:
+            return SyncResult(terminal=True)
+        return SyncResult(requeue_after=min(state.requeue) if state.requeue else None)
+
+    async def _stop_unknown(self, pod: Pod, instances: dict[str, list[RuntimeContainer]]) -> None:
+        known = {c.name for c in pod.all_containers()}
+        for name in [n for n in instances if n not in known]:
+            for c in instances.pop(name):
+                if c.state is ContainerRunState.RUNNING:
+                    await self.runtime.stop_container(c, grace_seconds(pod, None))
+                await self.runtime.remove_container(c)
+
+    async def _sync_init_containers(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        instances: dict[str, list[RuntimeContainer]],
+        state: _Pass,
+    ) -> tuple[bool, bool]:
+        """Init containers one at a time, each to exit 0; sidecars count once started.
+
+        Returns (initialized, failed): failed means the pod failed for good (policy Never).
+        """
+        for spec in pod.spec.init_containers:
+            history = instances[spec.name]
+            latest = history[-1] if history else None
+            if spec.restart_policy == "Always":  # a sidecar: started is enough, keep it running
+                await self._sync_container(pod, sandbox, spec, history, "Always", state)
+                if latest is None and spec.name in state.waiting:
+                    return False, False
+                continue
+            if latest is not None and latest.state is ContainerRunState.EXITED:
+                if latest.exit_code == 0:
+                    continue
+                if pod.spec.restart_policy == "Never":
+                    return False, True
+                await self._sync_container(pod, sandbox, spec, history, "OnFailure", state)
+                return False, False
+            if latest is None:
+                await self._sync_container(pod, sandbox, spec, history, "Never", state)
+            return False, False  # running (or just started): wait for it to exit
+        return True, False
+
+    async def _sync_container(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        spec: Container,
+        history: list[RuntimeContainer],
+        policy: str,
+        state: _Pass,
+    ) -> None:
+        key = f"{pod.uid}/{spec.name}"
+        latest = history[-1] if history else None
+        wanted_hash = spec_hash(spec)
+        if latest is None:
+            await self._start(pod, sandbox, spec, 0, wanted_hash, state)
+            return
+        if latest.state in (ContainerRunState.RUNNING, ContainerRunState.CREATED):
+            if latest.spec_hash != wanted_hash:
+                self.recorder.record(
+                    "Normal",
+                    "Killing",
+                    f"Container {spec.name} definition changed, will be restarted",
+                    _pod_ref(pod, spec.name),
+                )
+                await self.runtime.stop_container(latest, grace_seconds(pod, None))
+                await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state)
+                await self._collect_dead(history)
+            return
+        if not should_restart(policy, latest.exit_code):
+            return
+        finished = latest.finished_at.timestamp() if latest.finished_at else time.time()
+        remaining = self.backoff.remaining(key, finished)
+        if remaining > 0:
+            delay = self.backoff.delay_of(key)
+            message = (
+                f"back-off {delay:g}s restarting failed container={spec.name} "
+                f"pod={pod.metadata.name}_{pod.metadata.namespace}({pod.uid})"
+            )
+            state.waiting[spec.name] = Waiting("CrashLoopBackOff", message)
+            state.requeue.append(remaining)
+            self.recorder.record(
+                "Warning",
+                "BackOff",
+                "Back-off restarting failed container",
+                _pod_ref(pod, spec.name),
+            )
+            return
+        self.backoff.record_start(key)
+        if await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state):
+            await self._collect_dead(history)
+
+    async def _start(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        spec: Container,
+        attempt: int,
+        wanted_hash: str,
+        state: _Pass,
+    ) -> bool:
+        key = f"{pod.uid}/{spec.name}"
+        failure = self._start_failures.get(key)
+        if failure is not None:
+            remaining = self.backoff.remaining(key, failure[0])
+            if remaining > 0:
+                state.waiting[spec.name] = failure[1]
+                state.requeue.append(remaining)
+                return False
+        env = container_env(pod, spec, self.host_ip, sandbox.ip or self.host_ip)
+        values = dict(env)
+        config = ContainerConfig(
+            name=spec.name,
+            image=spec.image,
+            command=[expand(arg, values) for arg in spec.command],
+            args=[expand(arg, values) for arg in spec.args],
+            env=env,
+            working_dir=spec.working_dir,
+            attempt=attempt,
+            spec_hash=wanted_hash,
+            image_pull_policy=spec.image_pull_policy or default_pull_policy(spec.image),
+            limits={k: str(v) for k, v in spec.resources.limits.items()},
+            host_ports=[
+                (p.host_port, p.container_port, p.protocol) for p in spec.ports if p.host_port
+            ],
+        )
+        ref = _pod_ref(pod, spec.name)
+        try:
+            await self.runtime.start_container(pod, sandbox, config)
+        except StartError as exc:
+            waiting = Waiting(exc.reason, exc.message)
+            state.waiting[spec.name] = waiting
+            self.backoff.record_start(key)
+            self._start_failures[key] = (time.time(), waiting)
+            state.requeue.append(self.backoff.delay_of(key))
+            self.recorder.record("Warning", "Failed", f"Error: {exc.message}", ref)
+            return False
+        self._start_failures.pop(key, None)
+        self.recorder.record("Normal", "Started", f"Started container {spec.name}", ref)
+        return True
+
+    async def _collect_dead(self, history: list[RuntimeContainer]) -> None:
+        """Keep one dead instance per container (its lastState and `--previous` log)."""
+        for c in history[:-1]:
+            if c.state is ContainerRunState.EXITED:
+                await self.runtime.remove_container(c)
+
+    # --- termination --------------------------------------------------------------------------
+
+    async def sync_terminating_pod(self, uid: str, pod: Pod | None, grace: float | None) -> None:
+        runtime_pod = await self.runtime.get_pod(uid)
+        if runtime_pod is None:
+            return
+        seconds = grace_seconds(pod, grace)
+        running = [
+            c
+            for c in runtime_pod.containers
+            if c.state in (ContainerRunState.RUNNING, ContainerRunState.CREATED)
+        ]
+        for c in running:
+            if pod is not None:
+                self.recorder.record(
+                    "Normal", "Killing", f"Stopping container {c.name}", _pod_ref(pod, c.name)
+                )
+        await asyncio.gather(*(self.runtime.stop_container(c, seconds) for c in running))
+        if pod is not None:
+            self._refresh_status(pod, await self.runtime.get_pod(uid))
+
+    async def sync_terminated_pod(self, uid: str, pod: Pod | None, removed: bool) -> None:
+        if removed:
+            await self.runtime.remove_pod(uid)
+            self.statuses.forget(uid)
+            self.backoff.forget_prefix(f"{uid}/")
+            for key in [k for k in self._start_failures if k.startswith(f"{uid}/")]:
+                del self._start_failures[key]
+
+    def on_waiting_for_name(self, pod: Pod, holder_uid: str) -> None:
+        log.info(
+            "pod %s (uid %s) waits for the pod it replaces (uid %s) to terminate",
+            pod.key,
+            pod.uid,
+            holder_uid,
+        )
+
+    def _refresh_status(self, pod: Pod, runtime_pod: RuntimePod | None) -> None:
+        previous = self.statuses.get(pod.uid)
+        if previous is None or runtime_pod is None:
+            return
+        initialized = any(
+            c.type == "Initialized" and c.status == "True" for c in previous.conditions
+        )
+        self.statuses.set(
+            pod.uid,
+            compute_pod_status(pod, runtime_pod, {}, previous, self.host_ip, initialized),
+        )

@@ -1,0 +1,168 @@
+"""The read-only HTTP API, as the kubelet's read-only port serves it.
+
+GET /pods                                   v1 PodList of this node's pods with live status
+GET /healthz                                ok
+GET /containerLogs/{namespace}/{pod}/{c}    a container's log (tailLines, limitBytes, previous)
+GET /events                                 v1 EventList of recent events
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from pykubelet.api.model import Pod
+from pykubelet.events import EventRecorder
+from pykubelet.runtime.base import Runtime, RuntimeContainer
+
+log = logging.getLogger(__name__)
+
+
+class NodeView(Protocol):
+    """What the server reads from the agent."""
+
+    node_name: str
+    runtime: Runtime
+    recorder: EventRecorder
+
+    def pods_with_status(self) -> list[Pod]: ...
+
+    def find_pod(self, namespace: str, name: str) -> Pod | None: ...
+
+    def health_problems(self) -> list[str]: ...
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(data, separators=(",", ":")), status=status, content_type="application/json"
+    )
+
+
+def _status_error(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return _json(body, status=code)
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"{name}: must be an integer, got {raw!r}\n") from None
+    if value < 0:
+        raise web.HTTPBadRequest(text=f"{name}: must be >= 0\n")
+    return value
+
+
+def _bool_param(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in {"true", "false", "1", "0", ""}:
+        raise web.HTTPBadRequest(text=f"{name}: must be true or false, got {raw!r}\n")
+    return raw in {"true", "1"}
+
+
+def build_app(
+    node: NodeView, on_request: Callable[[str, str, int], None] | None = None
+) -> web.Application:
+    async def pods(request: web.Request) -> web.Response:
+        items = [pod.to_api() for pod in node.pods_with_status()]
+        return _json({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    async def healthz(request: web.Request) -> web.Response:
+        problems = node.health_problems()
+        if problems:
+            return web.Response(text="\n".join(problems) + "\n", status=500)
+        return web.Response(text="ok")
+
+    async def events(request: web.Request) -> web.Response:
+        items = [e.to_api(node.node_name) for e in node.recorder.events()]
+        return _json({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    async def container_logs(request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info["namespace"]
+        pod_name = request.match_info["pod"]
+        container_name = request.match_info["container"]
+        tail_lines = _int_param(request, "tailLines")
+        limit_bytes = _int_param(request, "limitBytes")
+        previous = _bool_param(request, "previous")
+        if _bool_param(request, "follow"):
+            return _status_error(400, "BadRequest", "follow=true is not supported yet")
+        pod = node.find_pod(namespace, pod_name)
+        if pod is None:
+            return _status_error(404, "NotFound", f'pod "{namespace}/{pod_name}" not found')
+        if container_name not in {c.name for c in pod.all_containers()}:
+            return _status_error(
+                404,
+                "NotFound",
+                f'container "{container_name}" not found in pod "{namespace}/{pod_name}"',
+            )
+        runtime_pod = await node.runtime.get_pod(pod.uid)
+        history: list[RuntimeContainer] = [
+            c for c in (runtime_pod.containers if runtime_pod else []) if c.name == container_name
+        ]
+        if previous:
+            history = history[:-1]
+        if not history:
+            which = "previous terminated" if previous else "started"
+            return _status_error(
+                400,
+                "BadRequest",
+                f'container "{container_name}" in pod "{namespace}/{pod_name}" has no {which} '
+                "instance yet",
+            )
+        data = await node.runtime.read_log(history[-1], tail_lines, limit_bytes)
+        return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPException as exc:
+            if on_request:
+                on_request(request.method, request.path, exc.status)
+            raise
+        if on_request:
+            on_request(request.method, request.path, response.status)
+        return response
+
+    app = web.Application(middlewares=[count])
+    app.router.add_get("/pods", pods)
+    app.router.add_get("/pods/", pods)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/events", events)
+    app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
+    return app
+
+
+class ReadOnlyServer:
+    def __init__(self, app: web.Application, address: str, port: int) -> None:
+        self._runner = web.AppRunner(app, access_log=None)
+        self._address = address
+        self._port = port
+        self.url = ""
+
+    async def start(self) -> str:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._address, self._port, reuse_address=True)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

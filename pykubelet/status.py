@@ -1,0 +1,219 @@
+"""Pod status: computed from the runtime's view of a pod, and kept per pod for /pods.
+
+The phase follows the kubelet's getPhase; container states and conditions are those
+`kubectl get pods` shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pykubelet.api.model import (
+    Container,
+    ContainerState,
+    ContainerStateRunning,
+    ContainerStateTerminated,
+    ContainerStateWaiting,
+    ContainerStatus,
+    Pod,
+    PodCondition,
+    PodIP,
+    PodStatus,
+)
+from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why a container is not running now, as the sync decided (back-off, start errors)."""
+
+    reason: str
+    message: str = ""
+
+
+def _terminated(c: RuntimeContainer) -> ContainerStateTerminated:
+    return ContainerStateTerminated(
+        exit_code=c.exit_code if c.exit_code is not None else 137,
+        reason=c.reason or ("Completed" if c.exit_code == 0 else "Error"),
+        message=c.message,
+        started_at=c.started_at,
+        finished_at=c.finished_at,
+        container_id=c.container_id,
+    )
+
+
+def _state_of(c: RuntimeContainer) -> ContainerState:
+    if c.state is ContainerRunState.RUNNING:
+        return ContainerState(running=ContainerStateRunning(started_at=c.started_at))
+    if c.state is ContainerRunState.CREATED:
+        return ContainerState(waiting=ContainerStateWaiting(reason="ContainerCreating"))
+    return ContainerState(terminated=_terminated(c))
+
+
+def container_status(
+    spec: Container,
+    instances: list[RuntimeContainer],
+    waiting: Waiting | None,
+    default_waiting: str,
+) -> ContainerStatus:
+    latest = instances[-1] if instances else None
+    previous = instances[-2] if len(instances) > 1 else None
+    status = ContainerStatus(name=spec.name, image=spec.image)
+    if latest is None:
+        reason = waiting or Waiting(default_waiting)
+        status.state = ContainerState(
+            waiting=ContainerStateWaiting(reason=reason.reason, message=reason.message or None)
+        )
+        return status
+    status.restart_count = latest.attempt
+    status.container_id = latest.container_id
+    status.image_id = latest.image
+    if waiting is not None and latest.state is not ContainerRunState.RUNNING:
+        # Exited and not restarted yet (back-off, a failing start): waiting, with the last run.
+        status.state = ContainerState(
+            waiting=ContainerStateWaiting(reason=waiting.reason, message=waiting.message or None)
+        )
+        status.last_state = ContainerState(terminated=_terminated(latest))
+        status.started = False
+        return status
+    status.state = _state_of(latest)
+    if previous is not None and previous.state is ContainerRunState.EXITED:
+        status.last_state = ContainerState(terminated=_terminated(previous))
+    running = latest.state is ContainerRunState.RUNNING
+    status.started = running
+    # No readiness probes yet: a running container is ready.
+    status.ready = running
+    return status
+
+
+def pod_phase(pod: Pod, statuses: list[ContainerStatus], initialized: bool) -> str:
+    """The kubelet's getPhase over the regular containers."""
+    if not initialized:
+        return "Pending"
+    running = waiting = stopped = succeeded = 0
+    for st in statuses:
+        if st.state.running is not None:
+            running += 1
+        elif st.state.terminated is not None:
+            stopped += 1
+            if st.state.terminated.exit_code == 0:
+                succeeded += 1
+        elif st.state.waiting is not None:
+            if st.last_state.terminated is not None:
+                stopped += 1
+            else:
+                waiting += 1
+    policy = pod.spec.restart_policy
+    if waiting > 0:
+        return "Pending"
+    if running > 0:
+        return "Running"
+    if stopped > 0:
+        if policy == "Always":
+            return "Running"
+        if stopped == succeeded:
+            return "Succeeded"
+        if policy == "OnFailure":
+            return "Running"
+        return "Failed"
+    return "Pending"
+
+
+def _condition(
+    type_: str, ok: bool, previous: PodStatus | None, now: datetime, reason: str | None = None
+) -> PodCondition:
+    value = "True" if ok else "False"
+    since = now
+    if previous is not None:
+        for cond in previous.conditions:
+            if cond.type == type_ and cond.status == value and cond.last_transition_time:
+                since = cond.last_transition_time
+    return PodCondition(
+        type=type_, status=value, last_transition_time=since, reason=None if ok else reason
+    )
+
+
+def qos_class(pod: Pod) -> str:
+    containers = pod.spec.containers
+    if all(not c.resources.limits and not c.resources.requests for c in containers):
+        return "BestEffort"
+    for c in containers:
+        limits, requests = c.resources.limits, c.resources.requests
+        for name in ("cpu", "memory"):
+            if name not in limits or str(requests.get(name, limits[name])) != str(limits[name]):
+                return "Burstable"
+    return "Guaranteed"
+
+
+def compute_pod_status(
+    pod: Pod,
+    runtime_pod: RuntimePod | None,
+    waiting: dict[str, Waiting],
+    previous: PodStatus | None,
+    host_ip: str,
+    initialized: bool,
+    init_failed: bool = False,
+    now: datetime | None = None,
+) -> PodStatus:
+    now = now or datetime.now(UTC).replace(microsecond=0)
+    by_name: dict[str, list[RuntimeContainer]] = {}
+    if runtime_pod is not None:
+        for c in runtime_pod.containers:
+            by_name.setdefault(c.name, []).append(c)
+    init_statuses = [
+        container_status(c, by_name.get(c.name, []), waiting.get(c.name), "PodInitializing")
+        for c in pod.spec.init_containers
+    ]
+    statuses = [
+        container_status(
+            c,
+            by_name.get(c.name, []),
+            waiting.get(c.name),
+            "ContainerCreating" if initialized else "PodInitializing",
+        )
+        for c in pod.spec.containers
+    ]
+    phase = "Failed" if init_failed else pod_phase(pod, statuses, initialized)
+    if previous is not None and previous.phase in TERMINAL_PHASES:
+        phase = previous.phase  # a terminal phase never changes back
+    ready = phase == "Running" and all(s.ready for s in statuses)
+    not_ready = "ContainersNotReady"
+    conditions = [
+        _condition("PodReadyToStartContainers", runtime_pod is not None, previous, now),
+        _condition("Initialized", initialized, previous, now, "ContainersNotInitialized"),
+        _condition("Ready", ready, previous, now, not_ready),
+        _condition("ContainersReady", ready, previous, now, not_ready),
+        _condition("PodScheduled", True, previous, now),
+    ]
+    sandbox = runtime_pod.sandbox if runtime_pod is not None else None
+    pod_ip = sandbox.ip if sandbox is not None else None
+    return PodStatus(
+        phase=phase,
+        conditions=conditions,
+        host_ip=host_ip,
+        pod_ip=pod_ip,
+        pod_ips=[PodIP(ip=pod_ip)] if pod_ip else None,
+        start_time=previous.start_time if previous and previous.start_time else now,
+        init_container_statuses=init_statuses or None,
+        container_statuses=statuses,
+        qos_class=qos_class(pod),
+    )
+
+
+class StatusManager:
+    """The latest computed status per pod UID (what /pods serves)."""
+
+    def __init__(self) -> None:
+        self._statuses: dict[str, PodStatus] = {}
+
+    def get(self, uid: str) -> PodStatus | None:
+        return self._statuses.get(uid)
+
+    def set(self, uid: str, status: PodStatus) -> None:
+        self._statuses[uid] = status
+
+    def forget(self, uid: str) -> None:
+        self._statuses.pop(uid, None)
