@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from pykubelet import __version__
 from pykubelet.options import RUNTIMES, Options, default_node_name, parse_duration
+from pykubelet.runtime.base import Runtime
 
 log = logging.getLogger("pykubelet")
 
@@ -40,6 +41,24 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"invalid port {text!r}: must be 0-65535")
     return value
+
+
+def _header(text: str) -> tuple[str, str]:
+    # Split at the first ':' only: a value may hold ':' (URLs, tokens) (kubernetes#37346).
+    key, sep, value = text.partition(":")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"invalid header {text!r}: expected Key:Value")
+    return key.strip(), value.strip()
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2, "g": 1000**3, "gi": 1024**3}
+    number = text.rstrip("kKmMgGiI")
+    unit = text[len(number) :].lower()
+    try:
+        return int(float(number) * units[unit])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: e.g. 10Mi or 1048576") from None
 
 
 def _bool(text: str) -> bool:
@@ -76,6 +95,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="how often to re-list the manifest path besides inotify (default 20s)",
     )
+    p.add_argument("--manifest-url", help="a URL serving pod manifests to run as static pods")
+    p.add_argument(
+        "--manifest-url-header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="KEY:VALUE",
+        help="an HTTP header sent with --manifest-url requests (repeatable)",
+    )
+    p.add_argument(
+        "--http-check-frequency",
+        type=_duration,
+        default=20.0,
+        metavar="DURATION",
+        help="how often --manifest-url is fetched (default 20s)",
+    )
+    p.add_argument(
+        "--manifest-url-max-bytes",
+        type=_size,
+        default=10 * 1024 * 1024,
+        metavar="SIZE",
+        help="the largest manifest body accepted (default 10Mi)",
+    )
+    p.add_argument(
+        "--manifest-url-ca-file",
+        type=Path,
+        metavar="PATH",
+        help="a PEM bundle of CAs trusted for an https --manifest-url (default: the system's)",
+    )
     p.add_argument(
         "--root-dir",
         type=Path,
@@ -86,7 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--container-runtime",
         default="process",
         choices=RUNTIMES,
-        help="the backend that runs containers (default process: host processes)",
+        help="the backend that runs containers: process (host processes, the default) or "
+        "docker (the Docker Engine API: Docker, or Podman's compatible service)",
+    )
+    p.add_argument(
+        "--container-runtime-endpoint",
+        default="unix:///var/run/docker.sock",
+        help="the docker runtime's Docker Engine API socket (default unix:///var/run/docker.sock)",
+    )
+    p.add_argument(
+        "--pod-infra-container-image",
+        default="registry.k8s.io/pause:3.10",
+        help="the image of the container holding each pod's namespaces (docker runtime)",
     )
     p.add_argument(
         "--address", default="127.0.0.1", help="address of the read-only API (default 127.0.0.1)"
@@ -132,6 +191,13 @@ def parse_options(argv: Sequence[str]) -> Options:
         address=ns.address,
         read_only_port=ns.read_only_port,
         sync_frequency=ns.sync_frequency,
+        manifest_url=ns.manifest_url,
+        manifest_url_headers=ns.manifest_url_header,
+        http_check_frequency=ns.http_check_frequency,
+        manifest_url_max_bytes=ns.manifest_url_max_bytes,
+        manifest_url_ca_file=ns.manifest_url_ca_file,
+        container_runtime_endpoint=ns.container_runtime_endpoint,
+        pod_infra_container_image=ns.pod_infra_container_image,
         node_ip=ns.node_ip,
         keep_pods_on_exit=ns.keep_pods_on_exit,
         verbosity=ns.verbosity,
@@ -172,9 +238,20 @@ def detect_host_ip() -> str:
     return "127.0.0.1"
 
 
+def make_runtime(opts: Options, host_ip: str) -> Runtime:
+    if opts.container_runtime == "docker":
+        from pykubelet.runtime.docker import DockerRuntime
+
+        return DockerRuntime(
+            opts.container_runtime_endpoint, opts.pod_infra_container_image, opts.root_dir
+        )
+    from pykubelet.runtime.process import ProcessRuntime
+
+    return ProcessRuntime(opts.root_dir, node_ip=host_ip)
+
+
 async def run_agent(opts: Options) -> int:
     from pykubelet.kubelet import Kubelet
-    from pykubelet.runtime.process import ProcessRuntime
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -186,7 +263,7 @@ async def run_agent(opts: Options) -> int:
     except OSError as exc:
         log.error("--root-dir %s: %s", opts.root_dir, exc.strerror)
         return 1
-    runtime = ProcessRuntime(opts.root_dir, node_ip=host_ip)
+    runtime = make_runtime(opts, host_ip)
     kubelet = Kubelet(opts, runtime, host_ip)
     log.info(
         "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pykubelet.api.model import Pod
 from pykubelet.config.file import FileSource
 from pykubelet.config.pod_config import PodConfig
-from pykubelet.config.types import FILE_SOURCE, NotificationMode, Op, PodUpdate
+from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE, NotificationMode, Op, PodUpdate
 from pykubelet.events import EventRecorder, ObjectRef
 from pykubelet.options import Options
 from pykubelet.pleg import PLEG, EventType, PodLifecycleEvent
@@ -94,8 +94,29 @@ class Kubelet:
                 opts.pod_manifest_path,
                 opts.file_check_frequency,
             )
+        if opts.manifest_url is not None:
+            from pykubelet.config.http import HttpSource
+
+            http = HttpSource(
+                url=opts.manifest_url,
+                headers=opts.manifest_url_headers,
+                period=opts.http_check_frequency,
+                push=self.pod_config.channel(HTTP_SOURCE),
+                recorder=self.recorder,
+                node_name=self.node_name,
+                max_bytes=opts.manifest_url_max_bytes,
+                ca_file=opts.manifest_url_ca_file,
+            )
+            self._tasks.append(asyncio.create_task(http.run(), name="source-http"))
+            log.info(
+                "fetching pod manifests from %s every %gs",
+                opts.manifest_url,
+                opts.http_check_frequency,
+            )
         if not self._tasks:
-            log.warning("no pod source configured (--pod-manifest-path): no pods will run")
+            log.warning(
+                "no pod source configured (--pod-manifest-path, --manifest-url): no pods will run"
+            )
 
     async def _shutdown(self) -> None:
         for task in self._tasks:

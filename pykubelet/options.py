@@ -60,6 +60,13 @@ class Options:
     address: str = "127.0.0.1"
     read_only_port: int = 10255
     sync_frequency: float = 60.0
+    manifest_url: str | None = None
+    manifest_url_headers: list[tuple[str, str]] = field(default_factory=list)
+    http_check_frequency: float = 20.0
+    manifest_url_max_bytes: int = 10 * 1024 * 1024
+    manifest_url_ca_file: Path | None = None
+    container_runtime_endpoint: str = "unix:///var/run/docker.sock"
+    pod_infra_container_image: str = "registry.k8s.io/pause:3.10"
     node_ip: str | None = None
     keep_pods_on_exit: bool = False
     verbosity: int = 0
@@ -71,11 +78,24 @@ class Options:
         for flag, value in (
             ("--file-check-frequency", self.file_check_frequency),
             ("--sync-frequency", self.sync_frequency),
+            ("--http-check-frequency", self.http_check_frequency),
         ):
             if value <= 0:
                 problems.append(f"{flag}: must be greater than 0")
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
+        if self.manifest_url is not None and not self.manifest_url.startswith(
+            ("http://", "https://")
+        ):
+            problems.append(
+                f"--manifest-url: {self.manifest_url!r} is not an http:// or https:// URL"
+            )
+        if self.manifest_url_headers and self.manifest_url is None:
+            problems.append("--manifest-url-header: needs --manifest-url")
+        if self.manifest_url_max_bytes <= 0:
+            problems.append("--manifest-url-max-bytes: must be greater than 0")
+        if self.manifest_url_ca_file is not None and not self.manifest_url_ca_file.is_file():
+            problems.append(f"--manifest-url-ca-file: {self.manifest_url_ca_file} is not a file")
         if self.container_runtime not in RUNTIMES:
             problems.append(
                 f"--container-runtime: unsupported value {self.container_runtime!r}: "
@@ -84,4 +104,4 @@ class Options:
         return problems
 
 
-RUNTIMES = ("process",)
+RUNTIMES = ("process", "docker")

@@ -236,7 +236,11 @@ class PodSync:
         if failure is not None:
             remaining = self.backoff.remaining(key, failure[0])
             if remaining > 0:
-                state.waiting[spec.name] = failure[1]
+                waiting = failure[1]
+                if waiting.reason == "ErrImagePull":
+                    # What Kubernetes shows between pull attempts.
+                    waiting = Waiting("ImagePullBackOff", f"Back-off pulling image {spec.image!r}")
+                state.waiting[spec.name] = waiting
                 state.requeue.append(remaining)
                 return False
         env = container_env(pod, spec, self.host_ip, sandbox.ip or self.host_ip)
