@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pykubelet import __version__
+from pykubelet import __version__, config_file, ctl, logs
 from pykubelet.options import RUNTIMES, Options, default_node_name, parse_duration
 from pykubelet.runtime.base import Runtime
 
@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pykubelet",
         description="Run Kubernetes pods on this machine from manifest files, the way the "
-        "kubelet does.",
+        "kubelet does. To look at a running agent: pykubelet get pods | logs POD | "
+        "describe pod NAME | version.",
     )
     p.add_argument(
         "--node-name",
@@ -174,6 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave pods running when the agent stops (a restarted agent adopts them); "
         "by default SIGTERM/SIGINT stop every pod cleanly first",
     )
+    p.add_argument(
+        "--max-pods",
+        type=int,
+        default=110,
+        help="pods admitted at once; more are rejected with reason OutOfpods (default 110)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="a KubeletConfiguration file (kubelet.config.k8s.io/v1beta1); flags override it",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="text",
+        help="text (default), logfmt or json: one line per record",
+    )
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (0-10)")
     p.add_argument("--version", action="version", version=f"pykubelet {__version__}")
     return p
@@ -181,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_options(argv: Sequence[str]) -> Options:
     parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    if first.config is not None:
+        # The file's values become the defaults, so a flag given explicitly still wins.
+        try:
+            parser.set_defaults(**config_file.as_flag_defaults(config_file.load(first.config)))
+        except config_file.ConfigFileError as exc:
+            parser.error(f"--config {exc}")
     ns = parser.parse_args(argv)
     opts = Options(
         node_name=ns.node_name or default_node_name(),
@@ -200,22 +226,14 @@ def parse_options(argv: Sequence[str]) -> Options:
         pod_infra_container_image=ns.pod_infra_container_image,
         node_ip=ns.node_ip,
         keep_pods_on_exit=ns.keep_pods_on_exit,
+        max_pods=ns.max_pods,
+        log_format=ns.log_format,
         verbosity=ns.verbosity,
     )
     problems = opts.validate()
     if problems:
         parser.error(problems[0])
     return opts
-
-
-def _setup_logging(verbosity: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbosity >= 4 else logging.INFO,
-        format="%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s",
-        datefmt="%Y-%m-%dT%H:%M:%S",
-        stream=sys.stderr,
-    )
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
 def raise_open_file_limit() -> None:
@@ -279,11 +297,10 @@ async def run_agent(opts: Options) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["version"]:
-        print(f"pykubelet {__version__}")
-        return 0
+    if args[:1] and args[0] in ctl.COMMANDS:
+        return ctl.main(args)
     opts = parse_options(args)
-    _setup_logging(opts.verbosity)
+    logs.setup(opts.log_format, opts.verbosity)
     raise_open_file_limit()
     return asyncio.run(run_agent(opts))
 

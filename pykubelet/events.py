@@ -92,7 +92,16 @@ class EventRecorder:
             self._index[key] = event
         level = logging.WARNING if type_ == "Warning" else logging.INFO
         target = f"{involved.namespace}/{involved.name}" if involved.namespace else involved.name
-        log.log(level, "%s %s %s: %s", involved.kind.lower(), target, reason, message)
+        fields = {"kind": involved.kind, "object": target, "reason": reason, "type": type_}
+        log.log(
+            level,
+            "%s %s %s: %s",
+            involved.kind.lower(),
+            target,
+            reason,
+            message,
+            extra={"fields": fields},
+        )
 
     def events(self) -> list[Event]:
         return list(self._events)

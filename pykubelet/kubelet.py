@@ -11,7 +11,8 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from pykubelet.api.model import Pod
+from pykubelet import metrics
+from pykubelet.api.model import Pod, PodStatus
 from pykubelet.config.file import FileSource
 from pykubelet.config.pod_config import PodConfig
 from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE, NotificationMode, Op, PodUpdate
@@ -21,13 +22,20 @@ from pykubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.pod_sync import PodSync
 from pykubelet.pod_workers import PodWorkers, UpdateType
 from pykubelet.runtime.base import Runtime
+from pykubelet.runtime.instrumented import InstrumentedRuntime
 from pykubelet.server import ReadOnlyServer, build_app
-from pykubelet.status import StatusManager
+from pykubelet.status import TERMINAL_PHASES, StatusManager
 
 log = logging.getLogger(__name__)
 
 SYNC_TICK = 1.0
 HOUSEKEEPING_PERIOD = 2.0
+
+
+def _count_request(method: str, path: str, code: int) -> None:
+    # The first segment only, as the kubelet does: pod names must not become label values.
+    first = "/" + path.lstrip("/").split("/", 1)[0]
+    metrics.http_requests.labels(method, first, "readonly", str(code)).inc()
 
 
 def _creation_key(pod: Pod) -> datetime:
@@ -38,15 +46,16 @@ class Kubelet:
     def __init__(self, options: Options, runtime: Runtime, host_ip: str) -> None:
         self.options = options
         self.node_name = options.node_name
-        self.runtime = runtime
+        self.runtime: Runtime = InstrumentedRuntime(runtime)
         self.host_ip = host_ip
         self.recorder = EventRecorder()
         self.pod_config = PodConfig(NotificationMode.INCREMENTAL, recorder=self._merger_event)
         self.statuses = StatusManager()
-        self.syncer = PodSync(runtime, self.statuses, self.recorder, host_ip)
-        self.pleg = PLEG(runtime)
+        self.syncer = PodSync(self.runtime, self.statuses, self.recorder, host_ip)
+        self.pleg = PLEG(self.runtime)
         self.pods: dict[str, Pod] = {}  # the desired pods (the kubelet's pod manager), by UID
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
+        self._rejected: set[str] = set()  # pods admission turned away (phase Failed)
         self._workers: PodWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.server: ReadOnlyServer | None = None
@@ -67,7 +76,9 @@ class Kubelet:
         self._workers = PodWorkers(self.syncer, self.options.sync_frequency)
         await self.runtime.start()
         self.server = ReadOnlyServer(
-            build_app(self), self.options.address, self.options.read_only_port
+            build_app(self, on_request=_count_request),
+            self.options.address,
+            self.options.read_only_port,
         )
         url = await self.server.start()
         log.info("read-only API at %s (pods at %s/pods)", url, url)
@@ -176,6 +187,7 @@ class Kubelet:
                 task.cancel()
 
     def _handle_config(self, update: PodUpdate) -> None:
+        metrics.config_ops.labels(update.op.value).inc(len(update.pods))
         if update.op is Op.ADD:
             self._handle_additions(update.pods)
         elif update.op in (Op.UPDATE, Op.DELETE):
@@ -190,11 +202,42 @@ class Kubelet:
     def _handle_additions(self, pods: list[Pod]) -> None:
         for pod in sorted(pods, key=_creation_key):
             self._remember(pod)
+            if not self._admit(pod):
+                continue
+            self.syncer.note_seen(pod.uid)
             self.workers.update_pod(UpdateType.CREATE, pod)
+
+    def _uses_capacity(self, uid: str) -> bool:
+        if uid in self._rejected:
+            return False
+        status = self.statuses.get(uid)
+        return status is None or status.phase not in TERMINAL_PHASES
+
+    def _admit(self, pod: Pod) -> bool:
+        """The kubelet's pod admission: a node runs at most --max-pods non-terminal pods."""
+        used = sum(1 for uid in self.pods if uid != pod.uid and self._uses_capacity(uid))
+        capacity = self.options.max_pods
+        if used < capacity:
+            return True
+        message = (
+            "Pod was rejected: Node didn't have enough resource: pods, "
+            f"requested: 1, used: {used}, capacity: {capacity}"
+        )
+        self._rejected.add(pod.uid)
+        self.statuses.set(pod.uid, PodStatus(phase="Failed", reason="OutOfpods", message=message))
+        self.recorder.record(
+            "Warning",
+            "OutOfpods",
+            message,
+            ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid),
+        )
+        return False
 
     def _handle_updates(self, pods: list[Pod], op: Op) -> None:
         for pod in pods:
             self._remember(pod)
+            if pod.uid in self._rejected:
+                continue
             if op is Op.DELETE:
                 grace = pod.metadata.deletion_grace_period_seconds
                 self.workers.update_pod(
@@ -206,11 +249,19 @@ class Kubelet:
     def _handle_removals(self, pods: list[Pod]) -> None:
         for pod in pods:
             known = self.pods.pop(pod.uid, None)
-            if known is not None:
-                key = (known.metadata.namespace, known.metadata.name)
-                if self._by_name.get(key) == known.uid:
-                    del self._by_name[key]
+            if pod.uid in self._rejected:
+                self._rejected.discard(pod.uid)
+                self.statuses.forget(pod.uid)
+                self._forget_name(known)
+                continue
+            self._forget_name(known)
             self.workers.update_pod(UpdateType.KILL, known or pod, removed=True)
+
+    def _forget_name(self, pod: Pod | None) -> None:
+        if pod is not None:
+            key = (pod.metadata.namespace, pod.metadata.name)
+            if self._by_name.get(key) == pod.uid:
+                del self._by_name[key]
 
     def _remember(self, pod: Pod) -> None:
         self.pods[pod.uid] = pod

@@ -16,7 +16,7 @@ _START_BUCKETS = (0.5, 1, 2, 3, 4, 5, 6, 8, 10, 20, 30, 45, 60, 120, 180, 240, 3
 _FAST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 running_pods = Gauge(
-    "kubelet_running_pods", "Number of pods that have a running pod sandbox", registry=REGISTRY
+    "kubelet_running_pods", "Number of pods with at least one running container", registry=REGISTRY
 )
 running_containers = Gauge(
     "kubelet_running_containers",

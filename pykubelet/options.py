@@ -69,6 +69,8 @@ class Options:
     pod_infra_container_image: str = "registry.k8s.io/pause:3.10"
     node_ip: str | None = None
     keep_pods_on_exit: bool = False
+    max_pods: int = 110
+    log_format: str = "text"
     verbosity: int = 0
 
     def validate(self) -> list[str]:
@@ -82,6 +84,8 @@ class Options:
         ):
             if value <= 0:
                 problems.append(f"{flag}: must be greater than 0")
+        if self.max_pods < 1:
+            problems.append("--max-pods: must be at least 1")
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if self.manifest_url is not None and not self.manifest_url.startswith(

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 
+from pykubelet import metrics
 from pykubelet.runtime.base import ContainerRunState, Runtime
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,18 @@ class PLEG:
     async def relist(self) -> None:
         started = time.monotonic()
         current: dict[str, tuple[str, ContainerRunState]] = {}
+        by_state = dict.fromkeys(ContainerRunState, 0)
+        running_pods = 0
         for pod in await self.runtime.list_pods():
+            # As the kubelet counts: a pod is running while any of its containers is.
+            if any(c.state is ContainerRunState.RUNNING for c in pod.containers):
+                running_pods += 1
             for c in pod.containers:
                 current[c.id] = (pod.uid, c.state)
+                by_state[c.state] += 1
+        metrics.running_pods.set(running_pods)
+        for state, count in by_state.items():
+            metrics.running_containers.labels(state.value).set(count)
         for cid, (uid, state) in current.items():
             before = self._last.get(cid)
             if before is not None and before[1] is state:
@@ -82,3 +92,4 @@ class PLEG:
         self._last = current
         self.last_relist_at = time.monotonic()
         self.last_relist_seconds = self.last_relist_at - started
+        metrics.pleg_relist_duration.observe(self.last_relist_seconds)

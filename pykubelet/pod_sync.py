@@ -13,6 +13,7 @@ import logging
 import time
 from collections import defaultdict
 
+from pykubelet import metrics
 from pykubelet.api.model import Container, Pod
 from pykubelet.backoff import Backoff
 from pykubelet.envvars import container_env, expand
@@ -99,6 +100,11 @@ class PodSync:
         self.host_ip = host_ip
         self.backoff = Backoff(time.time)
         self._start_failures: dict[str, tuple[float, Waiting]] = {}
+        self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
+
+    def note_seen(self, uid: str) -> None:
+        """The sync loop saw the pod for the first time: its start latency counts from here."""
+        self._first_seen.setdefault(uid, time.monotonic())
 
     # --- SyncPod ------------------------------------------------------------------------------
 
@@ -129,7 +135,14 @@ class PodSync:
             pod, runtime_pod, state.waiting, previous, self.host_ip, initialized, init_failed
         )
         self.statuses.set(uid, status)
+        if (
+            uid in self._first_seen
+            and status.container_statuses
+            and all(c.state.running is not None for c in status.container_statuses)
+        ):
+            metrics.pod_start_duration.observe(time.monotonic() - self._first_seen.pop(uid))
         if status.phase in TERMINAL_PHASES:
+            self._first_seen.pop(uid, None)
             return SyncResult(terminal=True)
         return SyncResult(requeue_after=min(state.requeue) if state.requeue else None)
 
@@ -306,6 +319,7 @@ class PodSync:
         if removed:
             await self.runtime.remove_pod(uid)
             self.statuses.forget(uid)
+            self._first_seen.pop(uid, None)
             self.backoff.forget_prefix(f"{uid}/")
             for key in [k for k in self._start_failures if k.startswith(f"{uid}/")]:
                 del self._start_failures[key]

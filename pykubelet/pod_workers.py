@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+from pykubelet import metrics
 from pykubelet.api.model import Pod
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class PodWorkers:
             self._name_waiters.setdefault(worker.full_name, set()).add(worker.uid)
             self._syncer.on_waiting_for_name(pod, holder)
             return
+        started = self._clock()
         try:
             result = await self._syncer.sync_pod(update, pod)
         except Exception:
@@ -211,6 +213,8 @@ class PodWorkers:
             )
             self._requeue(worker.uid, ERROR_REQUEUE_SECONDS, jitter=False)
             return
+        finally:
+            metrics.pod_worker_duration.labels(update.value).observe(self._clock() - started)
         if result.terminal:
             worker.state = WorkerState.TERMINATING
             return
@@ -221,6 +225,7 @@ class PodWorkers:
             self._requeue(worker.uid, delay, jitter=True)
 
     async def _terminate(self, worker: _Worker) -> None:
+        started = self._clock()
         while True:
             try:
                 await self._syncer.sync_terminating_pod(worker.uid, worker.pod, worker.kill_grace)
@@ -228,6 +233,7 @@ class PodWorkers:
             except Exception:
                 log.exception("terminating pod %s failed; retrying in 1s", worker.full_name)
                 await asyncio.sleep(1.0)
+        metrics.pod_worker_duration.labels(UpdateType.KILL.value).observe(self._clock() - started)
         worker.state = WorkerState.TERMINATED
         worker.terminated.set()
         self._due.pop(worker.uid, None)

@@ -2,8 +2,10 @@
 
 GET /pods                                   v1 PodList of this node's pods with live status
 GET /healthz                                ok
-GET /containerLogs/{namespace}/{pod}/{c}    a container's log (tailLines, limitBytes, previous)
+GET /containerLogs/{namespace}/{pod}/{c}    a container's log
+                                            (tailLines, limitBytes, previous, follow)
 GET /events                                 v1 EventList of recent events
+GET /metrics                                Prometheus metrics
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from pykubelet import metrics
 from pykubelet.api.model import Pod
 from pykubelet.events import EventRecorder
 from pykubelet.runtime.base import Runtime, RuntimeContainer
@@ -99,8 +102,7 @@ def build_app(
         tail_lines = _int_param(request, "tailLines")
         limit_bytes = _int_param(request, "limitBytes")
         previous = _bool_param(request, "previous")
-        if _bool_param(request, "follow"):
-            return _status_error(400, "BadRequest", "follow=true is not supported yet")
+        follow = _bool_param(request, "follow")
         pod = node.find_pod(namespace, pod_name)
         if pod is None:
             return _status_error(404, "NotFound", f'pod "{namespace}/{pod_name}" not found')
@@ -124,8 +126,15 @@ def build_app(
                 f'container "{container_name}" in pod "{namespace}/{pod_name}" has no {which} '
                 "instance yet",
             )
+        if follow:
+            return await _stream_log(request, node.runtime, history[-1], tail_lines)
         data = await node.runtime.read_log(history[-1], tail_lines, limit_bytes)
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+    async def metrics_view(request: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE}
+        )
 
     @web.middleware
     async def count(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -144,8 +153,20 @@ def build_app(
     app.router.add_get("/pods/", pods)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/events", events)
+    app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
     return app
+
+
+async def _stream_log(
+    request: web.Request, runtime: Runtime, container: RuntimeContainer, tail_lines: int | None
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    await response.prepare(request)
+    async for chunk in runtime.follow_log(container, tail_lines):
+        await response.write(chunk)
+    await response.write_eof()
+    return response
 
 
 class ReadOnlyServer:

@@ -15,12 +15,14 @@ import contextlib
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from asyncinotify import Inotify, Mask
 
+from pykubelet import metrics
 from pykubelet.api.decode import decode_pod
 from pykubelet.api.errors import FieldError, ManifestError
 from pykubelet.api.model import Pod
@@ -64,6 +66,7 @@ class ScanResult:
     pods: list[Pod]
     new_errors: list[ManifestError]  # problems not reported before
     kept_stale: set[str]  # files whose last good pod is kept although they are now bad
+    listed: bool = True  # False when the directory could not be listed
 
 
 class ManifestDirectory:
@@ -102,7 +105,7 @@ class ManifestDirectory:
             errors = [] if reason == self._dir_error else [_io_error(str(self.path), reason)]
             self._dir_error = reason
             pods = [e.pod for e in self._entries.values() if e.pod is not None]
-            return ScanResult(pods, errors, set())
+            return ScanResult(pods, errors, set(), listed=False)
         self._dir_error = None
         seen: dict[Path, _Entry] = {}
         new_errors: list[ManifestError] = []
@@ -195,6 +198,12 @@ class FileSource:
             self._writing.clear()
         result = await asyncio.to_thread(self._dir.scan, skip)
         self.scans += 1
+        if result.listed:
+            metrics.source_last_success.labels(FILE_SOURCE).set(time.time())
+        else:
+            metrics.source_errors.labels(FILE_SOURCE, "list").inc()
+        if result.new_errors:
+            metrics.source_errors.labels(FILE_SOURCE, "manifest").inc(len(result.new_errors))
         for error in result.new_errors:
             kept = (
                 " (its last good pod keeps running)" if error.location in result.kept_stale else ""
@@ -205,6 +214,7 @@ class FileSource:
         if self._last_sent is not None and _same(self._last_sent, current):
             return
         self._last_sent = current
+        metrics.source_updates.labels(FILE_SOURCE).inc()
         self._push(PodUpdate(list(result.pods), Op.SET, FILE_SOURCE))
 
     async def _watch_forever(self) -> None:

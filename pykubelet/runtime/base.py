@@ -6,7 +6,7 @@ A backend (host processes, the Docker Engine API, ...) implements `Runtime`. Eve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -154,3 +154,10 @@ class Runtime(Protocol):
         limit_bytes: int | None = None,
     ) -> bytes:
         """The container's stdout and stderr, interleaved as written."""
+
+    def follow_log(
+        self, container: RuntimeContainer, tail_lines: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The log so far (or its last `tail_lines` lines), then what is written, until the
+        container has exited and everything it wrote was yielded."""
+        ...

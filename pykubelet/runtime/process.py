@@ -28,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import uuid
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -58,6 +58,8 @@ STATE_VERSION = 1
 
 # The kubelet's ContainerStatusUnknown: the container is gone and nobody can tell how it ended.
 UNKNOWN_REASON = "ContainerStatusUnknown"
+FOLLOW_POLL_SECONDS = 0.2
+_FOLLOW_CHUNK = 1 << 20
 UNKNOWN_EXIT_CODE = 137
 UNKNOWN_MESSAGE = "the process exited while the agent was not its parent; its exit code is unknown"
 
@@ -442,6 +444,27 @@ class ProcessRuntime:
         `limit_bytes` bytes."""
         path = self.log_path(container)
         return await asyncio.to_thread(_read_log, path, tail_lines, limit_bytes)
+
+    async def follow_log(
+        self, container: RuntimeContainer, tail_lines: int | None = None
+    ) -> AsyncIterator[bytes]:
+        """The process writes straight to its file, so following is polling the file's end."""
+        path = self.log_path(container)
+        rec = self._find(container)
+        head = await asyncio.to_thread(_read_log, path, tail_lines, None)
+        offset = await asyncio.to_thread(_size_of, path)
+        if head:
+            yield head
+        while True:
+            done = rec is None or rec.exited.is_set()
+            chunk = await asyncio.to_thread(_read_from, path, offset)
+            if chunk:
+                offset += len(chunk)
+                yield chunk
+            elif done:
+                return
+            else:
+                await asyncio.sleep(FOLLOW_POLL_SECONDS)
 
     # --- sandboxes ------------------------------------------------------------------------------
 
@@ -873,6 +896,22 @@ def _remove_files(*paths: Path) -> None:
 def _remove_tree(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(_FOLLOW_CHUNK)
+    except FileNotFoundError:
+        return b""
 
 
 def _read_log(path: Path, tail_lines: int | None, limit_bytes: int | None) -> bytes:

@@ -1,0 +1,88 @@
+"""A Runtime that counts every operation of the one it wraps (kubelet_runtime_operations_*)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from pykubelet import metrics
+from pykubelet.api.model import Pod
+from pykubelet.runtime.base import (
+    ChangeListener,
+    ContainerConfig,
+    Runtime,
+    RuntimeContainer,
+    RuntimePod,
+    RuntimeSandbox,
+    StartError,
+)
+
+T = TypeVar("T")
+
+
+class InstrumentedRuntime:
+    def __init__(self, inner: Runtime) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def _count(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        metrics.runtime_operations.labels(operation).inc()
+        try:
+            return await call()
+        except StartError:
+            raise  # the container's fault (a bad command, a missing image), not the runtime's
+        except Exception:
+            metrics.runtime_operation_errors.labels(operation).inc()
+            raise
+
+    async def start(self) -> None:
+        await self._count("start", self.inner.start)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def add_listener(self, listener: ChangeListener) -> None:
+        self.inner.add_listener(listener)
+
+    async def list_pods(self) -> list[RuntimePod]:
+        return await self._count("list_pods", self.inner.list_pods)
+
+    async def get_pod(self, uid: str) -> RuntimePod | None:
+        return await self._count("get_pod", lambda: self.inner.get_pod(uid))
+
+    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
+        return await self._count("run_sandbox", lambda: self.inner.run_sandbox(pod))
+
+    async def start_container(
+        self, pod: Pod, sandbox: RuntimeSandbox, config: ContainerConfig
+    ) -> RuntimeContainer:
+        return await self._count(
+            "start_container", lambda: self.inner.start_container(pod, sandbox, config)
+        )
+
+    async def stop_container(self, container: RuntimeContainer, grace_seconds: float) -> None:
+        await self._count(
+            "stop_container", lambda: self.inner.stop_container(container, grace_seconds)
+        )
+
+    async def remove_container(self, container: RuntimeContainer) -> None:
+        await self._count("remove_container", lambda: self.inner.remove_container(container))
+
+    async def remove_pod(self, uid: str) -> None:
+        await self._count("remove_pod", lambda: self.inner.remove_pod(uid))
+
+    async def read_log(
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        limit_bytes: int | None = None,
+    ) -> bytes:
+        return await self._count(
+            "read_log", lambda: self.inner.read_log(container, tail_lines, limit_bytes)
+        )
+
+    def follow_log(
+        self, container: RuntimeContainer, tail_lines: int | None = None
+    ) -> AsyncIterator[bytes]:
+        metrics.runtime_operations.labels("follow_log").inc()
+        return self.inner.follow_log(container, tail_lines)
