@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pykubelet import config_file
+from pykubelet.cli import parse_options
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "kubelet.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_round_trip_to_options(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        config_file.dump(
+            {
+                "staticPodPath": "/etc/kubernetes/manifests",
+                "staticPodURL": "http://config.example/pods",
+                "staticPodURLHeader": {"Authorization": ["Bearer a:b"], "X-Node": ["n1", "n2"]},
+                "fileCheckFrequency": "5s",
+                "httpCheckFrequency": "1m",
+                "syncFrequency": "30s",
+                "address": "0.0.0.0",
+                "readOnlyPort": 10266,
+                "maxPods": 50,
+                "logging": {"format": "logfmt", "verbosity": 4},
+            }
+        ),
+    )
+    opts = parse_options(["--config", str(path)])
+    assert str(opts.pod_manifest_path) == "/etc/kubernetes/manifests"
+    assert opts.manifest_url == "http://config.example/pods"
+    assert opts.manifest_url_headers == [
+        ("Authorization", "Bearer a:b"),
+        ("X-Node", "n1"),
+        ("X-Node", "n2"),
+    ]
+    assert (opts.file_check_frequency, opts.http_check_frequency, opts.sync_frequency) == (
+        5,
+        60,
+        30,
+    )
+    assert (opts.address, opts.read_only_port, opts.max_pods) == ("0.0.0.0", 10266, 50)
+    assert (opts.log_format, opts.verbosity) == ("logfmt", 4)
+
+
+def test_flags_win(tmp_path: Path) -> None:
+    path = write(tmp_path, config_file.dump({"readOnlyPort": 1, "syncFrequency": "30s"}))
+    opts = parse_options(["--config", str(path), "--read-only-port", "0"])
+    assert opts.read_only_port == 0 and opts.sync_frequency == 30
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("kind: KubeletConfiguration\n", "apiVersion: required"),
+        (config_file.dump({"maxPods": 0}), "maxPods: Input should be greater than or equal to 1"),
+        (config_file.dump({"readOnlyPort": "x"}), "readOnlyPort: Input should be a valid integer"),
+        (config_file.dump({"logging": {"format": "xml"}}), "logging.format:"),
+        (
+            config_file.dump({"staticPodURLHeader": {"A": "b"}}),
+            "staticPodURLHeader.A: Input should be a valid list",
+        ),
+        (config_file.dump({"evictionHard": {}}), "evictionHard: not supported by pykubelet yet"),
+        ("- a\n", "expected a KubeletConfiguration object"),
+        ("a: [", "invalid YAML"),
+    ],
+)
+def test_rejects_bad_fields(tmp_path: Path, body: str, expected: str) -> None:
+    path = write(tmp_path, body)
+    with pytest.raises(config_file.ConfigFileError) as info:
+        config_file.load(path)
+    assert expected in str(info.value) and str(path) in str(info.value)
