@@ -1,5 +1,6 @@
 """The read-only HTTP API, as the kubelet's read-only port serves it.
 
+GET /                                       a status page for people (HTML)
 GET /pods                                   v1 PodList of this node's pods with live status
 GET /healthz                                ok
 GET /containerLogs/{namespace}/{pod}/{c}    a container's log
@@ -13,11 +14,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from aiohttp import web
 
-from pykubelet import metrics
+from pykubelet import metrics, status_page
 from pykubelet.api.model import Pod
 from pykubelet.events import EventRecorder
 from pykubelet.runtime.base import Runtime, RuntimeContainer
@@ -131,6 +133,15 @@ def build_app(
         data = await node.runtime.read_log(history[-1], tail_lines, limit_bytes)
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
 
+    async def index(request: web.Request) -> web.Response:
+        page = status_page.render(
+            node.node_name,
+            [pod.to_api() for pod in node.pods_with_status()],
+            [e.to_api(node.node_name) for e in node.recorder.events()],
+            datetime.now(UTC),
+        )
+        return web.Response(text=page, content_type="text/html")
+
     async def metrics_view(request: web.Request) -> web.Response:
         return web.Response(
             body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE}
@@ -149,6 +160,7 @@ def build_app(
         return response
 
     app = web.Application(middlewares=[count])
+    app.router.add_get("/", index)
     app.router.add_get("/pods", pods)
     app.router.add_get("/pods/", pods)
     app.router.add_get("/healthz", healthz)

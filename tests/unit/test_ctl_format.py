@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from pykubelet.ctl import human_duration, pod_status_reason, print_pods
+from pykubelet.ctl import print_pods
+from pykubelet.present import human_duration, pod_status_reason
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 
