@@ -39,6 +39,10 @@ def _status_class(status: str) -> str:
     return "wait"
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
 def _container_state(cs: dict[str, Any]) -> str:
     state = cs.get("state", {})
     if "running" in state:
@@ -63,7 +67,7 @@ def render(
         containers = (
             "<br>".join(
                 f"<code>{escape(cs['name'])}</code> {escape(_container_state(cs))}, "
-                f"{cs.get('restartCount', 0)} restarts"
+                f"{_plural(cs.get('restartCount', 0), 'restart')}"
                 for cs in statuses
             )
             or '<span class="dim">none yet</span>'
