@@ -55,8 +55,11 @@ class PLEG:
 
     async def run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation that
+            # arrives as the event is set, and the agent would never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), timeout=self.period)
+                async with asyncio.timeout(self.period):
+                    await self._poke.wait()
             self._poke.clear()
             try:
                 await self.relist()

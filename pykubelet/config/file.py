@@ -180,8 +180,10 @@ class FileSource:
         try:
             await self._scan_once(full=True)
             while True:
+                # asyncio.timeout, not wait_for, which can swallow a cancellation in 3.11.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._dirty.wait(), timeout=self.period)
+                    async with asyncio.timeout(self.period):
+                        await self._dirty.wait()
                 full = not self._dirty.is_set()
                 if not full:
                     await asyncio.sleep(DEBOUNCE_SECONDS)
