@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,8 +99,14 @@ class Options:
             problems.append("--manifest-url-header: needs --manifest-url")
         if self.manifest_url_max_bytes <= 0:
             problems.append("--manifest-url-max-bytes: must be greater than 0")
-        if self.manifest_url_ca_file is not None and not self.manifest_url_ca_file.is_file():
-            problems.append(f"--manifest-url-ca-file: {self.manifest_url_ca_file} is not a file")
+        if self.manifest_url_ca_file is not None:
+            try:
+                ssl.create_default_context(cafile=self.manifest_url_ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                problems.append(
+                    f"--manifest-url-ca-file: {self.manifest_url_ca_file}: not a readable PEM "
+                    f"CA bundle ({exc})"
+                )
         if self.container_runtime not in RUNTIMES:
             problems.append(
                 f"--container-runtime: unsupported value {self.container_runtime!r}: "

@@ -66,7 +66,8 @@ def _pydantic_errors(exc: ValidationError, prefix: Sequence[int | str] = ()) -> 
     return errors
 
 
-def _load_documents(data: bytes, location: str) -> list[Any]:
+def load_documents(data: bytes, location: str) -> list[Any]:
+    """The YAML or JSON documents of a manifest; raises ManifestError if it does not parse."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -106,7 +107,8 @@ def _load_documents(data: bytes, location: str) -> list[Any]:
         raise ManifestError(location, [FieldError("", f"invalid YAML: {exc}")]) from None
 
 
-def _pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -> Pod:
+def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -> Pod:
+    """One decoded document as a validated Pod; errors carry `prefix` before their paths."""
     where = format_path(prefix)
     if not isinstance(obj, dict):
         raise ManifestError(
@@ -145,7 +147,7 @@ def _pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) 
 
 def decode_pod(data: bytes, location: str) -> Pod:
     """One file, one Pod (the kubelet's rule for manifest files)."""
-    docs = _load_documents(data, location)
+    docs = load_documents(data, location)
     if not docs:
         raise ManifestError(location, [FieldError("", "empty manifest: expected one Pod")])
     if len(docs) > 1:
@@ -159,7 +161,26 @@ def decode_pod(data: bytes, location: str) -> Pod:
             location,
             [FieldError("kind", "a PodList is not allowed in a manifest file: one Pod per file")],
         )
-    return _pod_from_object(doc, location)
+    return pod_from_object(doc, location)
+
+
+def pod_items(docs: list[Any], location: str) -> list[tuple[Any, list[int | str]]]:
+    """Each pod object of the documents (PodLists flattened) with its field-path prefix."""
+    items: list[tuple[Any, list[int | str]]] = []
+    for i, doc in enumerate(docs):
+        prefix: list[int | str] = [f"document[{i}]"] if len(docs) > 1 else []
+        if isinstance(doc, dict) and doc.get("kind") == "PodList":
+            listed = doc.get("items")
+            if listed is None:
+                listed = []
+            if not isinstance(listed, list):
+                raise ManifestError(
+                    location, [FieldError(format_path([*prefix, "items"]), "expected a list")]
+                )
+            items.extend((item, [*prefix, "items", j]) for j, item in enumerate(listed))
+        else:
+            items.append((doc, prefix))
+    return items
 
 
 def decode_pods(data: bytes, location: str) -> tuple[list[Pod], list[ManifestError]]:
@@ -168,26 +189,12 @@ def decode_pods(data: bytes, location: str) -> tuple[list[Pod], list[ManifestErr
     Returns the good pods and one error per bad one, so one bad pod does not hide the others.
     A document that cannot be parsed at all raises.
     """
-    docs = _load_documents(data, location)
-    items: list[tuple[Any, Sequence[int | str]]] = []
-    for i, doc in enumerate(docs):
-        doc_prefix: list[int | str] = [f"document[{i}]"] if len(docs) > 1 else []
-        if isinstance(doc, dict) and doc.get("kind") == "PodList":
-            listed = doc.get("items")
-            if listed is None:
-                listed = []
-            if not isinstance(listed, list):
-                raise ManifestError(
-                    location, [FieldError(format_path([*doc_prefix, "items"]), "expected a list")]
-                )
-            items.extend((item, [*doc_prefix, "items", j]) for j, item in enumerate(listed))
-        else:
-            items.append((doc, doc_prefix))
+    items = pod_items(load_documents(data, location), location)
     pods: list[Pod] = []
     errors: list[ManifestError] = []
     for obj, prefix in items:
         try:
-            pods.append(_pod_from_object(obj, location, prefix))
+            pods.append(pod_from_object(obj, location, prefix))
         except ManifestError as exc:
             errors.append(exc)
     return pods, errors
