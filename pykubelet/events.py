@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -75,6 +76,11 @@ class EventRecorder:
     def __init__(self, capacity: int = 1000) -> None:
         self._events: deque[Event] = deque(maxlen=capacity)
         self._index: dict[tuple[ObjectRef, str, str], Event] = {}
+        self._listeners: list[Callable[[Event], None]] = []
+
+    def add_listener(self, listener: Callable[[Event], None]) -> None:
+        """Called with each new or repeated event (e.g. to send it to an API server)."""
+        self._listeners.append(listener)
 
     def record(self, type_: EventType, reason: str, message: str, involved: ObjectRef) -> None:
         now = datetime.now(UTC)
@@ -83,6 +89,7 @@ class EventRecorder:
         if existing is not None:
             existing.count += 1
             existing.last_seen = now
+            event = existing
         else:
             event = Event(type_, reason, message, involved, now, now)
             if len(self._events) == self._events.maxlen:
@@ -90,6 +97,8 @@ class EventRecorder:
                 self._index.pop((dropped.involved, dropped.reason, dropped.message), None)
             self._events.append(event)
             self._index[key] = event
+        for listener in self._listeners:
+            listener(event)
         level = logging.WARNING if type_ == "Warning" else logging.INFO
         target = f"{involved.namespace}/{involved.name}" if involved.namespace else involved.name
         fields = {"kind": involved.kind, "object": target, "reason": reason, "type": type_}

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 from pykubelet import metrics
 from pykubelet.api.model import Container, Pod
@@ -101,6 +102,8 @@ class PodSync:
         self.backoff = Backoff(time.time)
         self._start_failures: dict[str, tuple[float, Waiting]] = {}
         self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
+        # Called once a pod's containers are all stopped (e.g. for the API's final delete).
+        self.terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
 
     def note_seen(self, uid: str) -> None:
         """The sync loop saw the pod for the first time: its start latency counts from here."""
@@ -314,6 +317,8 @@ class PodSync:
         await asyncio.gather(*(self.runtime.stop_container(c, seconds) for c in running))
         if pod is not None:
             self._refresh_status(pod, await self.runtime.get_pod(uid))
+        for listener in self.terminated_listeners:
+            await listener(uid, pod)
 
     async def sync_terminated_pod(self, uid: str, pod: Pod | None, removed: bool) -> None:
         if removed:

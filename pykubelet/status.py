@@ -6,6 +6,7 @@ The phase follows the kubelet's getPhase; container states and conditions are th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -203,17 +204,29 @@ def compute_pod_status(
     )
 
 
+StatusListener = Callable[[str, PodStatus], None]
+
+
 class StatusManager:
-    """The latest computed status per pod UID (what /pods serves)."""
+    """The latest computed status per pod UID (what /pods serves, and what is sent to an API
+    server); listeners hear of each status that changed."""
 
     def __init__(self) -> None:
         self._statuses: dict[str, PodStatus] = {}
+        self._listeners: list[StatusListener] = []
+
+    def add_listener(self, listener: StatusListener) -> None:
+        self._listeners.append(listener)
 
     def get(self, uid: str) -> PodStatus | None:
         return self._statuses.get(uid)
 
     def set(self, uid: str, status: PodStatus) -> None:
+        previous = self._statuses.get(uid)
         self._statuses[uid] = status
+        if self._listeners and previous != status:
+            for listener in self._listeners:
+                listener(uid, status)
 
     def forget(self, uid: str) -> None:
         self._statuses.pop(uid, None)
