@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a PEM bundle of CAs trusted for an https --manifest-url (default: the system's)",
     )
     p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="PATH",
+        help="join the cluster of this kubeconfig: register the node, run the pods bound to it",
+    )
+    p.add_argument(
         "--root-dir",
         type=Path,
         default=Path("/var/lib/pykubelet"),
@@ -217,6 +223,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         address=ns.address,
         read_only_port=ns.read_only_port,
         sync_frequency=ns.sync_frequency,
+        kubeconfig=ns.kubeconfig,
         manifest_url=ns.manifest_url,
         manifest_url_headers=ns.manifest_url_header,
         http_check_frequency=ns.http_check_frequency,

@@ -10,21 +10,34 @@ import asyncio
 import logging
 import time
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from pykubelet import metrics
 from pykubelet.api.model import Pod, PodStatus
 from pykubelet.config.file import FileSource
 from pykubelet.config.pod_config import PodConfig
-from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE, NotificationMode, Op, PodUpdate
+from pykubelet.config.types import (
+    API_SOURCE,
+    FILE_SOURCE,
+    HTTP_SOURCE,
+    NotificationMode,
+    Op,
+    PodUpdate,
+)
 from pykubelet.events import EventRecorder, ObjectRef
+from pykubelet.handlers import ActionRunner
 from pykubelet.options import Options
 from pykubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.pod_sync import PodSync
 from pykubelet.pod_workers import PodWorkers, UpdateType
+from pykubelet.prober import ProbeManager
 from pykubelet.runtime.base import Runtime
 from pykubelet.runtime.instrumented import InstrumentedRuntime
 from pykubelet.server import ReadOnlyServer, build_app
 from pykubelet.status import TERMINAL_PHASES, StatusManager
+
+if TYPE_CHECKING:
+    from pykubelet.cluster import Cluster
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +64,12 @@ class Kubelet:
         self.recorder = EventRecorder()
         self.pod_config = PodConfig(NotificationMode.INCREMENTAL, recorder=self._merger_event)
         self.statuses = StatusManager()
-        self.syncer = PodSync(self.runtime, self.statuses, self.recorder, host_ip)
+        self.probe_results: asyncio.Queue[str] = asyncio.Queue()  # uids whose probes changed
+        actions = ActionRunner(self.runtime, host_ip)
+        self.prober = ProbeManager(actions, self.recorder, self.probe_results.put_nowait)
+        self.syncer = PodSync(
+            self.runtime, self.statuses, self.recorder, host_ip, actions, self.prober
+        )
         self.pleg = PLEG(self.runtime)
         self.pods: dict[str, Pod] = {}  # the desired pods (the kubelet's pod manager), by UID
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
@@ -59,6 +77,7 @@ class Kubelet:
         self._workers: PodWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.server: ReadOnlyServer | None = None
+        self.cluster: Cluster | None = None
         self.sync_loop_iterations = 0
         self._last_loop_at = 0.0
 
@@ -124,9 +143,18 @@ class Kubelet:
                 opts.manifest_url,
                 opts.http_check_frequency,
             )
+        if opts.kubeconfig is not None:
+            from pykubelet.cluster import Cluster
+
+            self.cluster = Cluster(opts, self, self.pod_config.channel(API_SOURCE))
+            self._tasks.extend(
+                asyncio.create_task(coro, name=name) for name, coro in self.cluster.tasks()
+            )
+            log.info("joining the cluster of %s as node %s", opts.kubeconfig, self.node_name)
         if not self._tasks:
             log.warning(
-                "no pod source configured (--pod-manifest-path, --manifest-url): no pods will run"
+                "no pod source configured (--pod-manifest-path, --manifest-url, --kubeconfig): "
+                "no pods will run"
             )
 
     async def _shutdown(self) -> None:
@@ -137,6 +165,9 @@ class Kubelet:
         if kill:
             log.info("stopping %d pods", len(self.pods))
         await self.workers.shutdown(kill=kill)
+        await self.prober.close()
+        if self.cluster is not None:
+            await self.cluster.close()
         await self.runtime.close()
         if self.server is not None:
             await self.server.stop()
@@ -147,6 +178,7 @@ class Kubelet:
         loop = asyncio.get_running_loop()
         config_get = asyncio.create_task(self.pod_config.updates.get())
         pleg_get = asyncio.create_task(self.pleg.events.get())
+        probe_get = asyncio.create_task(self.probe_results.get())
         stopped = asyncio.create_task(stop.wait())
         next_sync = loop.time() + SYNC_TICK
         next_housekeeping = loop.time() + HOUSEKEEPING_PERIOD
@@ -155,7 +187,7 @@ class Kubelet:
                 self._last_loop_at = time.monotonic()
                 timeout = max(0.0, min(next_sync, next_housekeeping) - loop.time())
                 done, _ = await asyncio.wait(
-                    {config_get, pleg_get, stopped},
+                    {config_get, pleg_get, probe_get, stopped},
                     timeout=timeout,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
@@ -172,6 +204,16 @@ class Kubelet:
                     while not self.pleg.events.empty():
                         self._handle_pleg(self.pleg.events.get_nowait())
                     pleg_get = asyncio.create_task(self.pleg.events.get())
+                if probe_get in done:
+                    # A probe result changed: readiness shows in the status, a failed liveness
+                    # probe makes the sync kill the container.
+                    uids = {probe_get.result()}
+                    while not self.probe_results.empty():
+                        uids.add(self.probe_results.get_nowait())
+                    for uid in uids:
+                        if (pod := self.pods.get(uid)) is not None:
+                            self.workers.update_pod(UpdateType.SYNC, pod)
+                    probe_get = asyncio.create_task(self.probe_results.get())
                 now = loop.time()
                 if now >= next_sync:
                     for uid in self.workers.due_pods():
@@ -183,7 +225,7 @@ class Kubelet:
                         await self._housekeeping()
                     next_housekeeping = loop.time() + HOUSEKEEPING_PERIOD
         finally:
-            for task in (config_get, pleg_get, stopped):
+            for task in (config_get, pleg_get, probe_get, stopped):
                 task.cancel()
 
     def _handle_config(self, update: PodUpdate) -> None:

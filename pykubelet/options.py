@@ -66,6 +66,7 @@ class Options:
     http_check_frequency: float = 20.0
     manifest_url_max_bytes: int = 10 * 1024 * 1024
     manifest_url_ca_file: Path | None = None
+    kubeconfig: Path | None = None
     container_runtime_endpoint: str = "unix:///var/run/docker.sock"
     pod_infra_container_image: str = "registry.k8s.io/pause:3.10"
     node_ip: str | None = None

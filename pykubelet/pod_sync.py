@@ -19,7 +19,9 @@ from pykubelet.api.model import Container, Pod
 from pykubelet.backoff import Backoff
 from pykubelet.envvars import container_env, expand
 from pykubelet.events import EventRecorder, ObjectRef
+from pykubelet.handlers import ActionRunner
 from pykubelet.pod_workers import SyncResult, UpdateType
+from pykubelet.prober import ProbeManager
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
@@ -94,11 +96,15 @@ class PodSync:
         statuses: StatusManager,
         recorder: EventRecorder,
         host_ip: str,
+        actions: ActionRunner,
+        prober: ProbeManager,
     ) -> None:
         self.runtime = runtime
         self.statuses = statuses
         self.recorder = recorder
         self.host_ip = host_ip
+        self.actions = actions
+        self.prober = prober
         self.backoff = Backoff(time.time)
         self._start_failures: dict[str, tuple[float, Waiting]] = {}
         self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
@@ -134,8 +140,16 @@ class PodSync:
                     pod, sandbox, spec, instances[spec.name], pod.spec.restart_policy, state
                 )
         runtime_pod = await self.runtime.get_pod(uid)
+        self.prober.sync(pod, runtime_pod)
         status = compute_pod_status(
-            pod, runtime_pod, state.waiting, previous, self.host_ip, initialized, init_failed
+            pod,
+            runtime_pod,
+            state.waiting,
+            previous,
+            self.host_ip,
+            initialized,
+            init_failed,
+            probes=self.prober,
         )
         self.statuses.set(uid, status)
         if (
@@ -154,7 +168,7 @@ class PodSync:
         for name in [n for n in instances if n not in known]:
             for c in instances.pop(name):
                 if c.state is ContainerRunState.RUNNING:
-                    await self.runtime.stop_container(c, grace_seconds(pod, None))
+                    await self._stop(pod, None, c, grace_seconds(pod, None))
                 await self.runtime.remove_container(c)
 
     async def _sync_init_containers(
@@ -204,6 +218,18 @@ class PodSync:
             await self._start(pod, sandbox, spec, 0, wanted_hash, state)
             return
         if latest.state in (ContainerRunState.RUNNING, ContainerRunState.CREATED):
+            failed = self.prober.failed_probe(pod, spec, latest.id)
+            if failed is not None:
+                probe = spec.liveness_probe if failed == "liveness" else spec.startup_probe
+                override = probe.termination_grace_period_seconds if probe else None
+                self.recorder.record(
+                    "Normal",
+                    "Killing",
+                    f"Container {spec.name} failed {failed} probe, will be restarted",
+                    _pod_ref(pod, spec.name),
+                )
+                await self._stop(pod, spec, latest, grace_seconds(pod, override))
+                return  # it exited: the restart policy decides at the next sync
             if latest.spec_hash != wanted_hash:
                 self.recorder.record(
                     "Normal",
@@ -211,7 +237,7 @@ class PodSync:
                     f"Container {spec.name} definition changed, will be restarted",
                     _pod_ref(pod, spec.name),
                 )
-                await self.runtime.stop_container(latest, grace_seconds(pod, None))
+                await self._stop(pod, spec, latest, grace_seconds(pod, None))
                 await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state)
                 await self._collect_dead(history)
             return
@@ -278,7 +304,7 @@ class PodSync:
         )
         ref = _pod_ref(pod, spec.name)
         try:
-            await self.runtime.start_container(pod, sandbox, config)
+            started = await self.runtime.start_container(pod, sandbox, config)
         except StartError as exc:
             waiting = Waiting(exc.reason, exc.message)
             state.waiting[spec.name] = waiting
@@ -289,7 +315,46 @@ class PodSync:
             return False
         self._start_failures.pop(key, None)
         self.recorder.record("Normal", "Started", f"Started container {spec.name}", ref)
+        hook = spec.lifecycle.post_start if spec.lifecycle else None
+        action = hook.handler() if hook else None
+        if action is not None:
+            ok, message = await self.actions.run(
+                action, pod, spec, started, sandbox.ip, grace_seconds(pod, None)
+            )
+            if not ok:
+                # As the kubelet: a failed postStart hook kills the container.
+                self.recorder.record(
+                    "Warning", "FailedPostStartHook", f"PostStartHook failed: {message}", ref
+                )
+                await self.runtime.stop_container(started, grace_seconds(pod, None))
+                state.waiting[spec.name] = Waiting("PostStartHookError", message)
+                return False
         return True
+
+    async def _stop(
+        self, pod: Pod | None, spec: Container | None, c: RuntimeContainer, seconds: float
+    ) -> None:
+        """Run the preStop hook inside the grace period, then stop with what is left of it."""
+        hook = spec.lifecycle.pre_stop if spec is not None and spec.lifecycle else None
+        action = hook.handler() if hook else None
+        if action is not None and pod is not None and spec is not None:
+            started = time.monotonic()
+            runtime_pod = await self.runtime.get_pod(pod.uid)
+            pod_ip = runtime_pod.sandbox.ip if runtime_pod and runtime_pod.sandbox else None
+            try:
+                async with asyncio.timeout(seconds):
+                    ok, message = await self.actions.run(action, pod, spec, c, pod_ip, seconds)
+            except TimeoutError:
+                ok, message = False, f"did not finish within the grace period ({seconds:g}s)"
+            if not ok:
+                self.recorder.record(
+                    "Warning",
+                    "FailedPreStopHook",
+                    f"PreStopHook failed: {message}",
+                    _pod_ref(pod, spec.name),
+                )
+            seconds = max(seconds - (time.monotonic() - started), MIN_GRACE_SECONDS)
+        await self.runtime.stop_container(c, seconds)
 
     async def _collect_dead(self, history: list[RuntimeContainer]) -> None:
         """Keep one dead instance per container (its lastState and `--previous` log)."""
@@ -303,7 +368,9 @@ class PodSync:
         runtime_pod = await self.runtime.get_pod(uid)
         if runtime_pod is None:
             return
+        self.prober.remove_pod(uid)
         seconds = grace_seconds(pod, grace)
+        specs = {c.name: c for c in pod.all_containers()} if pod is not None else {}
         running = [
             c
             for c in runtime_pod.containers
@@ -314,7 +381,7 @@ class PodSync:
                 self.recorder.record(
                     "Normal", "Killing", f"Stopping container {c.name}", _pod_ref(pod, c.name)
                 )
-        await asyncio.gather(*(self.runtime.stop_container(c, seconds) for c in running))
+        await asyncio.gather(*(self._stop(pod, specs.get(c.name), c, seconds) for c in running))
         if pod is not None:
             self._refresh_status(pod, await self.runtime.get_pod(uid))
         for listener in self.terminated_listeners:
@@ -322,6 +389,7 @@ class PodSync:
 
     async def sync_terminated_pod(self, uid: str, pod: Pod | None, removed: bool) -> None:
         if removed:
+            self.prober.remove_pod(uid)
             await self.runtime.remove_pod(uid)
             self.statuses.forget(uid)
             self._first_seen.pop(uid, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from pykubelet.api.model import (
     Container,
@@ -25,6 +26,14 @@ from pykubelet.api.model import (
 from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class ProbeView(Protocol):
+    """What the status needs from the prober."""
+
+    def is_ready(self, pod: Pod, spec: Container, container_id: str) -> bool: ...
+
+    def is_started(self, pod: Pod, spec: Container, container_id: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,8 @@ def container_status(
     instances: list[RuntimeContainer],
     waiting: Waiting | None,
     default_waiting: str,
+    started: Callable[[RuntimeContainer], bool] = lambda c: True,
+    ready: Callable[[RuntimeContainer], bool] = lambda c: True,
 ) -> ContainerStatus:
     latest = instances[-1] if instances else None
     previous = instances[-2] if len(instances) > 1 else None
@@ -84,9 +95,8 @@ def container_status(
     if previous is not None and previous.state is ContainerRunState.EXITED:
         status.last_state = ContainerState(terminated=_terminated(previous))
     running = latest.state is ContainerRunState.RUNNING
-    status.started = running
-    # No readiness probes yet: a running container is ready.
-    status.ready = running
+    status.started = running and started(latest)
+    status.ready = running and ready(latest)
     return status
 
 
@@ -158,23 +168,31 @@ def compute_pod_status(
     initialized: bool,
     init_failed: bool = False,
     now: datetime | None = None,
+    probes: ProbeView | None = None,
 ) -> PodStatus:
     now = now or datetime.now(UTC).replace(microsecond=0)
     by_name: dict[str, list[RuntimeContainer]] = {}
     if runtime_pod is not None:
         for c in runtime_pod.containers:
             by_name.setdefault(c.name, []).append(c)
-    init_statuses = [
-        container_status(c, by_name.get(c.name, []), waiting.get(c.name), "PodInitializing")
-        for c in pod.spec.init_containers
-    ]
-    statuses = [
-        container_status(
-            c,
-            by_name.get(c.name, []),
-            waiting.get(c.name),
-            "ContainerCreating" if initialized else "PodInitializing",
+
+    def status_of(spec: Container, default_waiting: str) -> ContainerStatus:
+        if probes is None:
+            return container_status(
+                spec, by_name.get(spec.name, []), waiting.get(spec.name), default_waiting
+            )
+        return container_status(
+            spec,
+            by_name.get(spec.name, []),
+            waiting.get(spec.name),
+            default_waiting,
+            started=lambda c: probes.is_started(pod, spec, c.id),
+            ready=lambda c: probes.is_ready(pod, spec, c.id),
         )
+
+    init_statuses = [status_of(c, "PodInitializing") for c in pod.spec.init_containers]
+    statuses = [
+        status_of(c, "ContainerCreating" if initialized else "PodInitializing")
         for c in pod.spec.containers
     ]
     phase = "Failed" if init_failed else pod_phase(pod, statuses, initialized)

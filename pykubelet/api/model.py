@@ -84,6 +84,61 @@ class ResourceRequirements(ApiModel):
     requests: dict[str, str | int | float] = Field(default_factory=dict)
 
 
+class ExecAction(ApiModel):
+    command: list[str] = Field(default_factory=list)
+
+
+class HTTPHeader(ApiModel):
+    name: str
+    value: str
+
+
+class HTTPGetAction(ApiModel):
+    path: str = "/"
+    port: int | str
+    host: str | None = None
+    scheme: Literal["HTTP", "HTTPS"] = "HTTP"
+    http_headers: list[HTTPHeader] = Field(default_factory=list)
+
+
+class TCPSocketAction(ApiModel):
+    port: int | str
+    host: str | None = None
+
+
+class SleepAction(ApiModel):
+    seconds: int
+
+
+class Probe(ApiModel):
+    exec: ExecAction | None = None
+    http_get: HTTPGetAction | None = None
+    tcp_socket: TCPSocketAction | None = None
+    initial_delay_seconds: int = 0
+    period_seconds: int = 10
+    timeout_seconds: int = 1
+    success_threshold: int = 1
+    failure_threshold: int = 3
+    termination_grace_period_seconds: int | None = None
+
+    def handler(self) -> ExecAction | HTTPGetAction | TCPSocketAction | None:
+        return self.exec or self.http_get or self.tcp_socket
+
+
+class LifecycleHandler(ApiModel):
+    exec: ExecAction | None = None
+    http_get: HTTPGetAction | None = None
+    sleep: SleepAction | None = None
+
+    def handler(self) -> ExecAction | HTTPGetAction | SleepAction | None:
+        return self.exec or self.http_get or self.sleep
+
+
+class Lifecycle(ApiModel):
+    post_start: LifecycleHandler | None = None
+    pre_stop: LifecycleHandler | None = None
+
+
 class Container(ApiModel):
     name: str = ""
     image: str = ""
@@ -100,6 +155,18 @@ class Container(ApiModel):
     restart_policy: Literal["Always"] | None = None
     stdin: bool | None = None
     tty: bool | None = None
+    liveness_probe: Probe | None = None
+    readiness_probe: Probe | None = None
+    startup_probe: Probe | None = None
+    lifecycle: Lifecycle | None = None
+
+    def probes(self) -> dict[str, Probe]:
+        found = {
+            "liveness": self.liveness_probe,
+            "readiness": self.readiness_probe,
+            "startup": self.startup_probe,
+        }
+        return {kind: probe for kind, probe in found.items() if probe is not None}
 
 
 RestartPolicy = Literal["Always", "OnFailure", "Never"]

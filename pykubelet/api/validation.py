@@ -166,6 +166,7 @@ def _validate_container(container: Container, path: str, *, is_init: bool) -> li
                 )
         env_seen.add(env.name)
 
+    errors.extend(_validate_handlers(container, path, is_init=is_init))
     port_names: set[str] = set()
     for j, port in enumerate(container.ports):
         where = f"{path}.ports[{j}]"
@@ -198,6 +199,65 @@ def _validate_container(container: Container, path: str, *, is_init: bool) -> li
             if isinstance(raw, bool) or not QUANTITY.match(str(raw)):
                 errors.append(FieldError(where, f"invalid quantity {raw!r}"))
     return errors
+
+
+def _validate_port_ref(port: int | str, container: Container, where: str) -> list[FieldError]:
+    if isinstance(port, int):
+        if not 1 <= port <= 65535:
+            return [FieldError(where, "must be between 1 and 65535, inclusive")]
+        return []
+    if port not in {p.name for p in container.ports if p.name}:
+        return [FieldError(where, f"port name {port!r} is not a named port of this container")]
+    return []
+
+
+def _validate_handlers(container: Container, path: str, *, is_init: bool) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for kind, probe in container.probes().items():
+        where = f"{path}.{kind}Probe"
+        if is_init and container.restart_policy != "Always":
+            errors.append(FieldError(where, "may not be set on init containers (only sidecars)"))
+        actions = [a for a in (probe.exec, probe.http_get, probe.tcp_socket) if a is not None]
+        if len(actions) != 1:
+            errors.append(FieldError(where, "must have exactly one of exec, httpGet, tcpSocket"))
+        if probe.http_get is not None:
+            errors.extend(
+                _validate_port_ref(probe.http_get.port, container, f"{where}.httpGet.port")
+            )
+        if probe.tcp_socket is not None:
+            errors.extend(
+                _validate_port_ref(probe.tcp_socket.port, container, f"{where}.tcpSocket.port")
+            )
+        if probe.exec is not None and not probe.exec.command:
+            errors.append(FieldError(f"{where}.exec.command", "required"))
+        for name in ("period_seconds", "timeout_seconds", "success_threshold", "failure_threshold"):
+            if getattr(probe, name) < 1:
+                errors.append(FieldError(f"{where}.{_camel(name)}", "must be >= 1"))
+        if probe.initial_delay_seconds < 0:
+            errors.append(FieldError(f"{where}.initialDelaySeconds", "must be >= 0"))
+        if kind in ("liveness", "startup") and probe.success_threshold != 1:
+            errors.append(FieldError(f"{where}.successThreshold", "must be 1"))
+    if container.lifecycle is not None:
+        for hook in ("post_start", "pre_stop"):
+            handler = getattr(container.lifecycle, hook)
+            if handler is None:
+                continue
+            where = f"{path}.lifecycle.{_camel(hook)}"
+            actions = [a for a in (handler.exec, handler.http_get, handler.sleep) if a is not None]
+            if len(actions) != 1:
+                errors.append(FieldError(where, "must have exactly one of exec, httpGet, sleep"))
+            if handler.http_get is not None:
+                errors.extend(
+                    _validate_port_ref(handler.http_get.port, container, f"{where}.httpGet.port")
+                )
+            if handler.sleep is not None and handler.sleep.seconds < 0:
+                errors.append(FieldError(f"{where}.sleep.seconds", "must be >= 0"))
+    return errors
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
 
 
 def _is_label_or_annotation_ref(field_path: str) -> bool:

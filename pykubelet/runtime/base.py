@@ -97,6 +97,20 @@ class ContainerConfig:
     host_ports: list[tuple[int, int, str]] = field(default_factory=list)  # (host, container, proto)
 
 
+# Kubernetes keeps at most this much of an exec probe's output.
+MAX_EXEC_OUTPUT = 10 * 1024
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None  # None: killed at the timeout
+    output: bytes  # stdout and stderr together, at most MAX_EXEC_OUTPUT bytes
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code is None
+
+
 class StartError(Exception):
     """A container could not be started. `reason` goes into its waiting state."""
 
@@ -160,4 +174,16 @@ class Runtime(Protocol):
     ) -> AsyncIterator[bytes]:
         """The log so far (or its last `tail_lines` lines), then what is written, until the
         container has exited and everything it wrote was yielded."""
+        ...
+
+    async def exec_sync(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        timeout_seconds: float,
+    ) -> ExecResult:
+        """Run a command in the running container (exec probes and hooks). `env` is the
+        container's resolved environment, for backends that do not keep it. Raises
+        RuntimeFailure if the container is not running or the command cannot start."""
         ...

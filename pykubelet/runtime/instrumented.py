@@ -10,6 +10,7 @@ from pykubelet.api.model import Pod
 from pykubelet.runtime.base import (
     ChangeListener,
     ContainerConfig,
+    ExecResult,
     Runtime,
     RuntimeContainer,
     RuntimePod,
@@ -79,6 +80,18 @@ class InstrumentedRuntime:
     ) -> bytes:
         return await self._count(
             "read_log", lambda: self.inner.read_log(container, tail_lines, limit_bytes)
+        )
+
+    async def exec_sync(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        timeout_seconds: float,
+    ) -> ExecResult:
+        return await self._count(
+            "exec_sync",
+            lambda: self.inner.exec_sync(container, command, env, timeout_seconds),
         )
 
     def follow_log(

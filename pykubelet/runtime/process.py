@@ -41,12 +41,14 @@ from pykubelet.runtime.base import (
     ChangeListener,
     ContainerConfig,
     ContainerRunState,
+    ExecResult,
     RuntimeContainer,
     RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
     StartError,
 )
+from pykubelet.runtime.hostexec import run_command
 from pykubelet.runtime.statefile import StateFileError
 
 log = logging.getLogger(__name__)
@@ -466,6 +468,28 @@ class ProcessRuntime:
             else:
                 await asyncio.sleep(FOLLOW_POLL_SECONDS)
 
+    async def exec_sync(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        timeout_seconds: float,
+    ) -> ExecResult:
+        """On the host, in the container process's working directory, with its environment."""
+        rec = self._find(container)
+        if rec is None or not rec.running:
+            raise RuntimeFailure(f"container {container.name} is not running")
+        try:
+            cwd = os.readlink(f"/proc/{rec.pid}/cwd")
+        except OSError:
+            cwd = str(self._pod_dir(rec.pod_uid))
+        try:
+            return await run_command(
+                command, cwd, _container_env(rec.pod_name, env), timeout_seconds
+            )
+        except (OSError, ValueError) as e:
+            raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
+
     # --- sandboxes ------------------------------------------------------------------------------
 
     async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
@@ -555,8 +579,7 @@ class ProcessRuntime:
                 "RunContainerError",
                 f'the working directory "{cwd}" is invalid: it needs to be an absolute path',
             )
-        env = {"PATH": BASE_PATH, "HOSTNAME": pod.metadata.name, "HOME": "/root"}
-        env.update(config.env)  # later entries win, and a name keeps its first position
+        env = _container_env(pod.metadata.name, config.env)
 
         log_path = self._log_path(pod.uid, config.name, config.attempt)
         created_at = _now()
@@ -896,6 +919,13 @@ def _remove_files(*paths: Path) -> None:
 def _remove_tree(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
+
+
+def _container_env(pod_name: str, env: list[tuple[str, str]]) -> dict[str, str]:
+    """A small fixed base instead of the agent's own environment, then the pod's variables."""
+    out = {"PATH": BASE_PATH, "HOSTNAME": pod_name, "HOME": "/root"}
+    out.update(env)  # later entries win, and a name keeps its first position
+    return out
 
 
 def _size_of(path: Path) -> int:

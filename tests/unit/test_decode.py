@@ -63,7 +63,25 @@ def test_missing_container_name_names_file_and_field() -> None:
         ),
         ((b"memory: 64Mi", b"memory: lots"), "resources.limits[memory]: invalid quantity 'lots'"),
         ((b"name: A,", b"name: 'A=B',"), "env[0].name: invalid value 'A=B'"),
-        ((b"    command: [nginx]\n", b"    livenessProbe: {}\n"), "livenessProbe: not supported"),
+        ((b"    command: [nginx]\n", b"    volumeMounts: []\n"), "volumeMounts: not supported"),
+        (
+            (b"    command: [nginx]\n", b"    livenessProbe: {httpGet: {port: web}}\n"),
+            "livenessProbe.httpGet.port: port name 'web' is not a named port",
+        ),
+        (
+            (
+                b"    command: [nginx]\n",
+                b"    readinessProbe: {periodSeconds: 0, exec: {command: [a]}}\n",
+            ),
+            "readinessProbe.periodSeconds: must be >= 1",
+        ),
+        (
+            (
+                b"    command: [nginx]\n",
+                b"    startupProbe: {tcpSocket: {port: 1}, httpGet: {port: 2}}\n",
+            ),
+            "startupProbe: must have exactly one of exec, httpGet, tcpSocket",
+        ),
         (
             (b"    command: [nginx]\n", b"    comand: [nginx]\n"),
             "spec.containers[0].comand: unknown field",
