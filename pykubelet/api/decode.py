@@ -107,6 +107,22 @@ def load_documents(data: bytes, location: str) -> list[Any]:
         raise ManifestError(location, [FieldError("", f"invalid YAML: {exc}")]) from None
 
 
+def _nul_paths(obj: Any, prefix: Sequence[int | str], depth: int = 0) -> list[list[int | str]]:
+    """Where a string holds NUL: no process argument, name or variable can carry one."""
+    if depth > 100:
+        return []  # pydantic reports the nesting itself
+    if isinstance(obj, str):
+        return [list(prefix)] if "\x00" in obj else []
+    found: list[list[int | str]] = []
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            found.extend(_nul_paths(value, [*prefix, str(key)], depth + 1))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            found.extend(_nul_paths(value, [*prefix, i], depth + 1))
+    return found
+
+
 def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -> Pod:
     """One decoded document as a validated Pod; errors carry `prefix` before their paths."""
     where = format_path(prefix)
@@ -127,6 +143,10 @@ def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -
         head.append(
             FieldError(format_path([*prefix, "apiVersion"]), f"expected v1, got {api_version!r}")
         )
+    head.extend(
+        FieldError(format_path(path), "contains a NUL character")
+        for path in _nul_paths(obj, prefix)
+    )
     if head:
         raise ManifestError(location, head)
     try:
