@@ -61,6 +61,8 @@ STATE_VERSION = 1
 # The kubelet's ContainerStatusUnknown: the container is gone and nobody can tell how it ended.
 UNKNOWN_REASON = "ContainerStatusUnknown"
 FOLLOW_POLL_SECONDS = 0.2
+# Set in each container's environment: finds its processes when the state file is lost.
+ID_VARIABLE = "PYKUBELET_CONTAINER_ID"
 _FOLLOW_CHUNK = 1 << 20
 UNKNOWN_EXIT_CODE = 137
 UNKNOWN_MESSAGE = "the process exited while the agent was not its parent; its exit code is unknown"
@@ -583,9 +585,11 @@ class ProcessRuntime:
 
         log_path = self._log_path(pod.uid, config.name, config.attempt)
         created_at = _now()
+        container_id = uuid.uuid4().hex
+        env[ID_VARIABLE] = container_id
         pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
         rec = _Container(
-            id=uuid.uuid4().hex,
+            id=container_id,
             pod_uid=pod.uid,
             pod_name=pod.metadata.name,
             pod_namespace=pod.metadata.namespace,
@@ -819,6 +823,11 @@ class ProcessRuntime:
                 log.warning("skipping a corrupt state file: %s", e)
                 if entry.name == SANDBOX_FILE:
                     sandbox = None
+                else:
+                    _kill_tagged(entry.name.removesuffix(".json"))
+                # Kept aside for a person to look at; never read again.
+                with contextlib.suppress(OSError):
+                    path.rename(path.with_name(entry.name + ".corrupt"))
         if sandbox is not None:
             name, namespace = sandbox.pod_name, sandbox.pod_namespace
         elif containers:
@@ -827,6 +836,28 @@ class ProcessRuntime:
             # Still listed, so that housekeeping can remove a directory nothing else describes.
             name, namespace = "", ""
         return _Loaded(_Pod(uid, name, namespace, sandbox, {c.id: c for c in containers}))
+
+
+def _kill_tagged(container_id: str) -> None:
+    """Kill a process whose state file is lost, found by the ID in its environment.
+
+    Without its state nothing tells how it was started (attempt, spec): it is killed, and the
+    pod sync starts the container again, so it never runs twice.
+    """
+    needle = f"{ID_VARIABLE}={container_id}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle in environ:
+            pid = int(entry)
+            log.warning(
+                "killing process %d of container %s: its state file is corrupt", pid, container_id
+            )
+            _kill_group(pid, signal.SIGKILL)
 
 
 def _reopen(rec: _Container) -> int | None:

@@ -259,6 +259,7 @@ async def test_environment_is_minimal_and_ordered(
         "B=3",
         "A=2",
         "EMPTY=",
+        f"PYKUBELET_CONTAINER_ID={c.id}",  # how a lost state file finds its process
     ]
 
 

@@ -1,0 +1,136 @@
+"""Crash safety: SIGKILL the agent in the middle of churn; the next one converges."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+from tests.integration.agent import (
+    NODE,
+    Agent,
+    container_state,
+    pid_alive,
+    processes_with,
+    wait_for,
+)
+
+RUN = f"{os.getpid() % 1000:03d}"
+
+
+def marker(index: int, version: int) -> str:
+    # A distinct `sleep` argument per pod and version, to count processes in /proc.
+    return f"9999.{RUN}{index:03d}{version:03d}"
+
+
+def write(manifests: Path, index: int, version: int) -> None:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"churn-{index}"},
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {"name": "main", "image": "busybox", "command": ["sleep", marker(index, version)]}
+            ],
+        },
+    }
+    tmp = manifests / f".churn-{index}.tmp"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, manifests / f"churn-{index}.json")
+
+
+def sleeps() -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for pid in processes_with(f"9999.{RUN}"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0] == b"sleep":
+            found.setdefault(argv[1].decode(), []).append(pid)
+    return found
+
+
+def test_sigkill_during_churn_converges(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
+    seed = int(os.environ.get("CHURN_SEED", time.time()))
+    rng = random.Random(seed)
+    print(f"churn seed {seed} (CHURN_SEED={seed} repeats it)")
+    desired: dict[int, int] = {}  # pod index -> version
+    untouched = {0, 1}  # never edited nor deleted: they must survive every crash as they are
+    for i in (0, 1):
+        write(manifests, i, 0)
+        desired[i] = 0
+    agent: Agent = start_agent()
+    first = wait_for("initial pods", lambda: len(_running(agent)) == 2 and _running(agent))
+    first_ids = {name: container_state(pod)["containerID"] for name, pod in first.items()}
+
+    for _ in range(6):
+        for _ in range(rng.randint(2, 6)):
+            i = rng.randint(2, 9)
+            op = rng.choice(["write", "write", "delete"])
+            if op == "write":
+                desired[i] = desired.get(i, -1) + 1
+                write(manifests, i, desired[i])
+            elif i in desired:
+                (manifests / f"churn-{i}.json").unlink()
+                del desired[i]
+        time.sleep(rng.uniform(0.0, 0.6))
+        agent.stop(signal.SIGKILL)
+        agent = start_agent()
+
+    expected = {marker(i, v) for i, v in desired.items()}
+
+    def converged() -> bool:
+        running = _running(agent)
+        if set(running) != {f"churn-{i}-{NODE}" for i in desired}:
+            return False
+        return {k: len(v) for k, v in sleeps().items()} == dict.fromkeys(expected, 1)
+
+    wait_for("convergence: each desired pod runs exactly once", converged, timeout=40)
+    final = _running(agent)
+    for i in untouched:
+        name = f"churn-{i}-{NODE}"
+        state = container_state(final[name])
+        assert state["restartCount"] == 0, state
+        assert state["containerID"] == first_ids[name], "an untouched pod was restarted"
+    time.sleep(2.5)  # a housekeeping pass later, still exactly once
+    assert {k: len(v) for k, v in sleeps().items()} == dict.fromkeys(expected, 1)
+
+    agent.stop(signal.SIGTERM)
+    assert sleeps() == {}, "no process may outlive a clean stop"
+
+
+def _running(agent: Agent) -> dict[str, dict]:  # type: ignore[type-arg]
+    out = {}
+    for name, pod in agent.pods().items():
+        statuses = pod["status"].get("containerStatuses") or []
+        if statuses and "running" in statuses[0]["state"]:
+            out[name] = pod
+    return out
+
+
+def test_corrupt_state_file_is_reported_and_rebuilt(
+    start_agent, manifests: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    write(manifests, 50, 0)
+    agent = start_agent()
+    wait_for("running", lambda: _running(agent))
+    old = sleeps()[marker(50, 0)]
+    agent.stop(signal.SIGKILL)
+    states = [p for p in (tmp_path / "root").rglob("*.json") if p.name != "sandbox.json"]
+    assert states
+    for path in states:
+        path.write_text("{not json")
+    agent = start_agent()
+    # The state is unreadable: the process it described is found by the ID in its
+    # environment and killed, and the pod started again: it never runs twice.
+    wait_for("running again", lambda: _running(agent), timeout=20)
+    wait_for("the old process killed", lambda: not pid_alive(old[0]), timeout=10)
+    time.sleep(2.5)
+    running = sleeps()
+    assert list(running) == [marker(50, 0)] and len(running[marker(50, 0)]) == 1, running
+    assert "corrupt" in agent.log()
