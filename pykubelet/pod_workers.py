@@ -105,6 +105,11 @@ class PodWorkers:
         """Hand an update to the pod's worker; never blocks."""
         key = uid or (pod.uid if pod is not None else "")
         worker = self._workers.get(key)
+        if worker is not None and worker.finished and update is UpdateType.CREATE:
+            # Removed and cleaned up, now wanted again (a manifest restored): start afresh.
+            del self._workers[key]
+            self._due.pop(key, None)
+            worker = None
         if worker is None:
             if update is UpdateType.KILL and pod is None and uid is None:
                 return

@@ -117,8 +117,20 @@ class ManifestDirectory:
                 continue
             try:
                 st = path.stat()
-            except OSError:
-                continue  # vanished between the listing and the stat
+            except OSError as exc:
+                try:
+                    link = path.lstat()
+                except OSError:
+                    continue  # vanished between the listing and the stat
+                # A dangling link or a link loop: the name is there, its manifest is not.
+                signature = (link.st_dev, link.st_ino, link.st_size, link.st_mtime_ns)
+                if previous is not None and previous.signature == signature:
+                    seen[path] = previous
+                    continue
+                error = _io_error(str(path), f"cannot read: {exc.strerror or exc}")
+                seen[path] = _Entry(signature, previous.pod if previous else None, error)
+                new_errors.append(error)
+                continue
             if not stat.S_ISREG(st.st_mode):
                 continue
             signature = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

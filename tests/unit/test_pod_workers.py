@@ -160,3 +160,17 @@ async def test_shutdown_kills_everything() -> None:
     await asyncio.wait_for(workers.shutdown(kill=True), 5)
     removed = {c[1] for c in syncer.calls if c == ("terminated", c[1], "removed=True")}
     assert removed == {f"u{i}" for i in range(5)}
+
+
+async def test_readded_after_removal_finished_starts_again() -> None:
+    syncer = RecordingSyncer(delay=0.01)
+    workers = PodWorkers(syncer, resync_seconds=60)
+    pod = make_pod("a", "u1")
+    workers.update_pod(UpdateType.CREATE, pod)
+    await settle(workers, 0.1)
+    workers.update_pod(UpdateType.KILL, pod, removed=True)
+    await settle(workers, 0.2)  # terminated and cleaned up, not yet forgotten
+    workers.update_pod(UpdateType.CREATE, pod)
+    await settle(workers, 0.2)
+    assert [c[0] for c in syncer.calls] == ["sync", "terminating", "terminated", "sync"]
+    assert workers.state_of("u1") is WorkerState.SYNCING
