@@ -7,6 +7,7 @@ import os
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -62,8 +63,9 @@ def _wait_running(
     polled: dict[int, float] = {}
     deadline = time.monotonic() + timeout
     while len(agent_seen) < n and time.monotonic() < deadline:
-        now = time.time()
-        for name, pod in agent.pods().items():
+        pods = agent.pods()
+        now = time.time()  # after the answer: what a client polling /pods would see, and when
+        for name, pod in pods.items():
             i = int(name.split("-")[1])
             if i in agent_seen or uids_before.get(name) == pod["metadata"]["uid"]:
                 continue
@@ -76,6 +78,24 @@ def _wait_running(
         raise RuntimeError(f"only {len(agent_seen)} of {n} pods running after {timeout}s")
     total = max(written[i] + polled[i] for i in polled) - min(written.values())
     return list(agent_seen.values()), list(polled.values()), total
+
+
+def _wait_running_one(
+    agent: Agent, written: dict[int, float], uids_before: dict[str, str], timeout: float
+) -> tuple[float, float, float]:
+    deadline = time.monotonic() + timeout
+    name = "bench-0-testnode"
+    # The agent records when the container started; polling /pods of n pods hard would only
+    # slow the agent down while it works.
+    time.sleep(0.5)
+    while time.monotonic() < deadline:
+        pod = agent.pod("bench-0")
+        if pod is not None and pod["metadata"]["uid"] != uids_before.get(name):
+            started = _started_at(pod)
+            if started is not None:
+                return started - written[0], time.time() - written[0], 0.0
+        time.sleep(0.2)
+    raise RuntimeError(f"bench-0 did not restart within {timeout}s")
 
 
 def _pids_by_marker(markers: dict[str, int]) -> dict[int, int]:
@@ -95,7 +115,12 @@ def _pids_by_marker(markers: dict[str, int]) -> dict[int, int]:
     return found
 
 
-def run(n: int, extra: list[str] | None = None, timeout: float = 120.0) -> dict[str, Any]:
+def run(
+    n: int,
+    extra: list[str] | None = None,
+    timeout: float = 120.0,
+    on_start: Callable[[Agent], None] | None = None,
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pykubelet-bench-") as tmp:
         base = Path(tmp)
         manifests = base / "manifests"
@@ -108,6 +133,8 @@ def run(n: int, extra: list[str] | None = None, timeout: float = 120.0) -> dict[
             ["--max-pods", str(n + 10), *(extra or [])],
         )
         agent.start()
+        if on_start is not None:
+            on_start(agent)
         try:
             written: dict[int, float] = {}
             for i in range(n):
@@ -126,6 +153,18 @@ def run(n: int, extra: list[str] | None = None, timeout: float = 120.0) -> dict[
                 os.replace(tmp_path, manifests / f"bench-{i}.json")
                 edited[i] = time.time()
             edit_agent, edit_poll, edit_total = _wait_running(agent, n, edited, before, timeout)
+
+            # One manifest of n changes: how soon does its pod run the new spec?
+            before = {name: p["metadata"]["uid"] for name, p in agent.pods().items()}
+            single: list[float] = []
+            for version in (3, 4, 5):
+                tmp_path = manifests / ".bench-0.tmp"
+                tmp_path.write_text(scenario.manifest(0, version))
+                os.replace(tmp_path, manifests / "bench-0.json")
+                one = {0: time.time()}
+                observed, _, _ = _wait_running_one(agent, one, before, timeout)
+                single.append(observed)
+                before = {name: p["metadata"]["uid"] for name, p in agent.pods().items()}
 
             markers = {scenario.marker(i): i for i in range(n)}
             alive = _pids_by_marker(markers)
@@ -158,6 +197,7 @@ def run(n: int, extra: list[str] | None = None, timeout: float = 120.0) -> dict[
             "external_poll": percentiles(edit_poll),
             "all_restarted_seconds": round(edit_total, 3),
         },
+        "edit_one_of_n": percentiles(single),
         "delete": {
             "process_gone": percentiles(list(gone.values())),
             "all_gone_seconds": round(delete_total, 3),

@@ -333,12 +333,8 @@ class Kubelet:
 
     # --- what the server reads ----------------------------------------------------------------
 
-    def pods_with_status(self) -> list[Pod]:
-        out = []
-        for pod in self.pods.values():
-            status = self.statuses.get(pod.uid)
-            out.append(pod if status is None else pod.model_copy(update={"status": status}))
-        return out
+    def pods_with_status(self) -> list[tuple[Pod, PodStatus | None]]:
+        return [(pod, self.statuses.get(uid)) for uid, pod in self.pods.items()]
 
     def find_pod(self, namespace: str, name: str) -> Pod | None:
         uid = self._by_name.get((namespace, name))

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from pykubelet import metrics, status_page
-from pykubelet.api.model import Pod
+from pykubelet.api.model import Pod, PodStatus
 from pykubelet.events import EventRecorder
 from pykubelet.runtime.base import Runtime, RuntimeContainer
 
@@ -34,7 +34,7 @@ class NodeView(Protocol):
     runtime: Runtime
     recorder: EventRecorder
 
-    def pods_with_status(self) -> list[Pod]: ...
+    def pods_with_status(self) -> list[tuple[Pod, PodStatus | None]]: ...
 
     def find_pod(self, namespace: str, name: str) -> Pod | None: ...
 
@@ -80,12 +80,41 @@ def _bool_param(request: web.Request, name: str) -> bool:
     return raw in {"true", "1"}
 
 
+def with_status(pod: Pod, status: PodStatus | None) -> Pod:
+    return pod if status is None else pod.model_copy(update={"status": status})
+
+
+class _PodJsonCache:
+    """Each pod's JSON, kept while its spec and status objects stay the same.
+
+    Serialising 1,000 pods on every GET /pods took ~60 ms of the event loop; most polls find
+    nothing changed, and the merger and the status manager only replace objects that changed.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[Pod, PodStatus | None, bytes]] = {}
+
+    def encode(self, pods: list[tuple[Pod, PodStatus | None]]) -> bytes:
+        fresh: dict[str, tuple[Pod, PodStatus | None, bytes]] = {}
+        for pod, status in pods:
+            entry = self._entries.get(pod.uid)
+            if entry is None or entry[0] is not pod or entry[1] is not status:
+                data = json.dumps(with_status(pod, status).to_api(), separators=(",", ":"))
+                entry = (pod, status, data.encode())
+            fresh[pod.uid] = entry
+        self._entries = fresh
+        return b",".join(entry[2] for entry in fresh.values())
+
+
 def build_app(
     node: NodeView, on_request: Callable[[str, str, int], None] | None = None
 ) -> web.Application:
+    pod_json = _PodJsonCache()
+
     async def pods(request: web.Request) -> web.Response:
-        items = [pod.to_api() for pod in node.pods_with_status()]
-        return _json({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
+        items = pod_json.encode(node.pods_with_status())
+        body = b'{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[' + items + b"]}"
+        return web.Response(body=body, content_type="application/json")
 
     async def healthz(request: web.Request) -> web.Response:
         problems = node.health_problems()
@@ -136,7 +165,7 @@ def build_app(
     async def index(request: web.Request) -> web.Response:
         page = status_page.render(
             node.node_name,
-            [pod.to_api() for pod in node.pods_with_status()],
+            [with_status(pod, status).to_api() for pod, status in node.pods_with_status()],
             [e.to_api(node.node_name) for e in node.recorder.events()],
             datetime.now(UTC),
         )

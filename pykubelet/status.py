@@ -241,10 +241,11 @@ class StatusManager:
 
     def set(self, uid: str, status: PodStatus) -> None:
         previous = self._statuses.get(uid)
+        if previous == status:
+            return  # the same object stays: /pods reuses what it serialised of it
         self._statuses[uid] = status
-        if self._listeners and previous != status:
-            for listener in self._listeners:
-                listener(uid, status)
+        for listener in self._listeners:
+            listener(uid, status)
 
     def forget(self, uid: str) -> None:
         self._statuses.pop(uid, None)
