@@ -38,32 +38,28 @@ def _logfmt_value(value: Any) -> str:
     return text
 
 
+def _structured(formatter: logging.Formatter, record: logging.LogRecord) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "ts": _timestamp(record),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "msg": record.getMessage(),
+        **_fields(record),
+    }
+    if record.exc_info:
+        doc["error"] = formatter.formatException(record.exc_info)
+    return doc
+
+
 class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        pairs: dict[str, Any] = {
-            "ts": _timestamp(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-            **_fields(record),
-        }
-        if record.exc_info:
-            pairs["error"] = self.formatException(record.exc_info)
+        pairs = _structured(self, record)
         return " ".join(f"{k}={_logfmt_value(v)}" for k, v in pairs.items())
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": _timestamp(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-            **_fields(record),
-        }
-        if record.exc_info:
-            doc["error"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
+        return json.dumps(_structured(self, record), default=str)
 
 
 def setup(log_format: str, verbosity: int) -> None:
