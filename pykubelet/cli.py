@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig",
         type=Path,
         metavar="PATH",
-        help="join the cluster of this kubeconfig: register the node, run the pods bound to it",
+        help="join the cluster of this kubeconfig: register the node, run the pods bound to it "
+        "(an empty value: the pod's in-cluster service account)",
     )
     p.add_argument(
         "--root-dir",

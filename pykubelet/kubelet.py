@@ -244,6 +244,14 @@ class Kubelet:
     def _handle_additions(self, pods: list[Pod]) -> None:
         for pod in sorted(pods, key=_creation_key):
             self._remember(pod)
+            if pod.metadata.deletion_timestamp is not None:
+                # Already being deleted (an API pod promoted once a name conflict ended): stop
+                # whatever runs of it, never start it.
+                grace = pod.metadata.deletion_grace_period_seconds
+                self.workers.update_pod(
+                    UpdateType.KILL, pod, grace=float(grace) if grace is not None else None
+                )
+                continue
             if not self._admit(pod):
                 continue
             self.syncer.note_seen(pod.uid)

@@ -367,6 +367,10 @@ class PodSync:
     async def sync_terminating_pod(self, uid: str, pod: Pod | None, grace: float | None) -> None:
         runtime_pod = await self.runtime.get_pod(uid)
         if runtime_pod is None:
+            # Nothing ran (or it is gone already): stopped all the same, e.g. for the API
+            # server's final delete.
+            for listener in self.terminated_listeners:
+                await listener(uid, pod)
             return
         self.prober.remove_pod(uid)
         seconds = grace_seconds(pod, grace)

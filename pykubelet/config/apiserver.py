@@ -1,0 +1,738 @@
+"""The API server source: the pods bound to this node, by list + watch; and the typed client the
+cluster mode talks through.
+
+The source is the kubelet's pod reflector: a list of all namespaces with
+`fieldSelector=spec.nodeName=<node>`, then a watch from the list's resourceVersion with bookmarks,
+resumed from the last version seen (an event's or a bookmark's) whenever the stream ends or
+breaks; a `410 Gone` (the version was compacted away) re-lists. Every change sends the source's
+whole state as a SET. While the API server cannot be reached nothing is sent, so the running pods
+keep running and, until the first list, the source is not ready and no pod of any source is
+garbage-collected.
+
+What goes into the SET:
+- pods whose `spec.nodeName` is this node (the selector says so; checked again in case a server
+  ignores it), decoded into our Pod model. The API's status is dropped: we compute our own.
+- not mirror pods (annotation `kubernetes.io/config.mirror`): they reflect our static pods.
+- not pods first seen already being deleted (deletionTimestamp set): there is nothing to run and
+  nothing to stop; the cluster's finalizer deletes them (the kubelet's final delete).
+- the fields that only the scheduler acts on (preemptionPolicy, affinity, topology spread,
+  scheduling gates) and the service-account token volume that the API server's admission injects
+  into every pod are set aside before decoding: they have no effect on the process runtime, and
+  without that no pod of a real cluster would run. Anything else we cannot run is reported (a
+  `FailedValidation` event on the pod, and the pod is marked Failed in the API server, as the
+  kubelet does with a pod it cannot admit) and not run; a pod that was good and turns bad keeps its
+  last good version.
+
+The client: `KubeApi` wraps `kubernetes.aio` (the official client's asyncio API; untyped, so
+this is the typed boundary). Requests go through its ApiClient (configuration, auth, TLS) with
+JSON in and out as plain dicts: the generated models would re-serialise a MicroTime such as a
+Lease's renewTime without its six fractional digits, which a real API server rejects. The watch
+is the client's `Watch`, which asks for bookmarks and surfaces a 410 as an exception. Every
+request first takes a token from one bucket (the kubelet's defaults: 50 per second, bursts of
+100).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pykubelet import __version__, metrics
+from pykubelet.api.decode import pod_from_object
+from pykubelet.api.errors import ManifestError
+from pykubelet.api.model import Pod
+from pykubelet.api.static import CONFIG_MIRROR
+from pykubelet.config.types import API_SOURCE, Op, PodUpdate
+from pykubelet.events import EventRecorder, ObjectRef
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+FAILED_VALIDATION = "FailedValidation"
+REQUEST_TIMEOUT = 30.0
+LIST_PAGE = 500
+# The kubelet's reflector watches for a random 5 to 10 minutes, then re-watches from where it was:
+# spread so a fleet does not reconnect at once.
+WATCH_TIMEOUT = (300, 600)
+# A watch that carries nothing, not even a bookmark (an API server sends one about every minute),
+# for this long is taken for a dead connection (half-open: no reset ever comes) and resumed.
+WATCH_IDLE_TIMEOUT = 150.0
+# Reflector-like retry timing (client-go: 800 ms doubling to 30 s). Capped lower: one node, and a
+# restarted API server should see its nodes back within seconds.
+RETRY_MIN, RETRY_MAX = 0.8, 8.0
+TOKEN_VOLUME_PREFIX = "kube-api-access-"
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Set by the scheduler's world only: a pod that is already bound to this node needs none of them.
+SCHEDULER_ONLY_FIELDS = (
+    "preemptionPolicy",
+    "affinity",
+    "topologySpreadConstraints",
+    "schedulingGates",
+)
+
+
+# --- errors, retries, rate limits ---------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A failed API call. `status` 0: no answer (refused, reset, timed out, TLS)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def unreachable(self) -> bool:
+        return self.status == 0
+
+
+class ConfigError(Exception):
+    """The kubeconfig (or the in-cluster configuration) cannot be used."""
+
+
+class Retry:
+    """Exponential back-off with jitter, so that many nodes do not retry in step."""
+
+    def __init__(self, initial: float = RETRY_MIN, maximum: float = RETRY_MAX) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def delay(self) -> float:
+        base = self._next
+        self._next = min(self._next * 2, self.maximum)
+        return base * (1 + random.random() * 0.25)
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class Failures:
+    """Logs the first failure of a kind at WARNING, repeats at DEBUG, and the recovery."""
+
+    def __init__(self, what: str, logger: logging.Logger = log) -> None:
+        self.what = what
+        self._log = logger
+        self._last: str | None = None
+        self.count = 0
+
+    def failed(self, error: Exception, consequence: str = "") -> None:
+        self.count += 1
+        text = str(error)
+        if text != self._last:
+            self._log.warning("%s failed: %s%s", self.what, text, consequence)
+            self._last = text
+        else:
+            self._log.debug("%s failed again: %s", self.what, text)
+
+    def ok(self) -> None:
+        if self._last is not None:
+            self._log.info("%s works again", self.what)
+            self._last = None
+
+
+class RateLimiter:
+    """A token bucket: `qps` tokens a second, at most `burst` saved up."""
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps = qps
+        self.burst = burst
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self) -> None:
+        async with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
+            self._at = now
+            if self._tokens < 1:
+                await asyncio.sleep((1 - self._tokens) / self.qps)
+                self._tokens = 1.0
+                self._at = time.monotonic()
+            self._tokens -= 1
+
+
+def _status_error(status: int, raw: bytes) -> ApiError:
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    reason = str(body.get("reason") or "")
+    message = str(body.get("message") or raw[:200].decode(errors="replace").strip())
+    return ApiError(status, reason, message)
+
+
+def _transport_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, TimeoutError):
+        return ApiError(0, "Timeout", "no answer in time")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return ApiError(0, "Broken", "the connection broke in the middle of an answer")
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return ApiError(0, "Unreachable", text)
+
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+# --- the client ---------------------------------------------------------------------------------
+
+
+def _load_configuration(kubeconfig: Path) -> Any:
+    """Build the client's configuration; runs in a worker thread (it reads files)."""
+    kube_config: Any = importlib.import_module("kubernetes.aio.config")
+    client: Any = importlib.import_module("kubernetes.aio.client")
+    cfg = client.Configuration()
+    try:
+        if str(kubeconfig) in ("", "."):
+            # An empty --kubeconfig, as client-go: the pod's service account.
+            kube_config.load_incluster_config(client_configuration=cfg)
+        else:
+            if not kubeconfig.is_file():
+                raise ConfigError(f"{kubeconfig}: no such file")
+            asyncio.run(
+                kube_config.load_kube_config(
+                    config_file=str(kubeconfig), client_configuration=cfg, persist_config=False
+                )
+            )
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"{kubeconfig or 'in-cluster config'}: {exc}") from None
+    return cfg
+
+
+def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, Any]:
+    kube: Any = importlib.import_module("kubernetes.aio.client")
+    kube_watch: Any = importlib.import_module("kubernetes.aio.watch")
+    client = kube.ApiClient(cfg)  # builds the SSL context: reads CA files
+    client.user_agent = user_agent
+    core = kube.CoreV1Api(client)
+    # The Watch decodes with an ApiClient of its own (the default configuration; never used
+    # for requests). Built here, off the event loop, once.
+    watcher = kube_watch.Watch(return_type="object")
+    return client, core, watcher
+
+
+class KubeApi:
+    """The API calls of the cluster mode, typed: JSON objects in and out."""
+
+    def __init__(
+        self, client: Any, core: Any, watcher: Any, host: str, qps: float = 50, burst: int = 100
+    ) -> None:
+        self._client = client
+        self._core = core
+        self._watch = watcher
+        self.host = host
+        self.limiter = RateLimiter(qps, burst)
+        self._watching = False
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path, node_name: str) -> KubeApi:
+        """Load the configuration (in a thread: file reads, maybe an exec plugin)."""
+        cfg = await asyncio.to_thread(_load_configuration, kubeconfig)
+        agent = f"pykubelet/{__version__} (linux) node/{node_name}"
+        client, core, watcher = await asyncio.to_thread(_build_client, cfg, agent)
+        return cls(client, core, watcher, str(cfg.host))
+
+    async def close(self) -> None:
+        try:
+            await self._client.close()
+            await self._watch.close()
+        except Exception:
+            log.debug("closing the API client failed", exc_info=True)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, Any]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> Obj:
+        await self.limiter.acquire()
+        try:
+            params = await self._client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list(query),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = await self._client.call_api(*params, _request_timeout=request_timeout)
+            raw: bytes = await resp.read()
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc) from None
+        status = int(resp.status)
+        if status >= 400:
+            raise _status_error(status, raw)
+        if not raw:
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise ApiError(status, "BadResponse", "the answer is not JSON") from None
+        return data if isinstance(data, dict) else {}
+
+    async def get(self, path: str) -> Obj:
+        return await self.request("GET", path)
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        return await self.request("POST", path, body=body)
+
+    async def replace(self, path: str, body: Obj) -> Obj:
+        return await self.request("PUT", path, body=body)
+
+    async def patch(self, path: str, body: Obj, kind: str = "strategic") -> Obj:
+        content_type = {
+            "strategic": "application/strategic-merge-patch+json",
+            "merge": "application/merge-patch+json",
+        }[kind]
+        return await self.request("PATCH", path, body=body, content_type=content_type)
+
+    async def delete(self, path: str, grace: int | None = None, uid: str | None = None) -> Obj:
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        query: list[tuple[str, Any]] = []
+        if grace is not None:
+            options["gracePeriodSeconds"] = grace
+            query.append(("gracePeriodSeconds", grace))
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        return await self.request("DELETE", path, query=query, body=options)
+
+    async def list_pods(self, field_selector: str, limit: int, cont: str | None) -> Obj:
+        query: list[tuple[str, Any]] = [("fieldSelector", field_selector), ("limit", limit)]
+        if cont:
+            query.append(("continue", cont))
+        return await self.request("GET", "/api/v1/pods", query=query, request_timeout=60.0)
+
+    async def watch_pods(
+        self,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> AsyncIterator[Obj]:
+        """The watch events (`type`, `object` as a dict); ends when the server ends the stream.
+
+        Raises ApiError: 410 when the version is too old; 0 when the connection broke or was
+        silent for `idle_timeout`; reason "TooLong" for an event over the client's line buffer
+        (2 MiB reads; a line of about 4 MiB fails), as resuming would hit it again: re-list.
+        """
+        exceptions: Any = importlib.import_module("kubernetes.aio.client.exceptions")
+        api_exception: type[Exception] = exceptions.ApiException
+        assert not self._watching, "one pod watch at a time"
+        await self.limiter.acquire()
+        self._watching = True
+        watcher = self._watch
+        stream = watcher.stream(
+            self._core.list_pod_for_all_namespaces,
+            field_selector=field_selector,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            # The client's own deadline for the whole stream (300 s by default): past the
+            # server's, so a half-open connection is noticed without cutting a healthy one.
+            _request_timeout=float(timeout_seconds + 30),
+        )
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(idle_timeout):
+                        event = await stream.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise ApiError(
+                        0, "Idle", f"no event or bookmark for {idle_timeout:g}s"
+                    ) from None
+                except api_exception as exc:
+                    status = int(getattr(exc, "status", 0) or 0)
+                    raise ApiError(status, str(getattr(exc, "reason", "") or ""), "watch") from None
+                except ValueError:
+                    raise ApiError(0, "TooLong", "a watch event too long for the client") from None
+                except _TRANSPORT_ERRORS as exc:
+                    raise _transport_error(exc) from None
+                if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
+                    resp = watcher.resp
+                    status = int(resp.status) if resp is not None else 0
+                    raise ApiError(
+                        status,
+                        "BadResponse",
+                        f"not a watch event: {' '.join(str(event).split())[:200]}",
+                    )
+                yield {"type": str(event.get("type", "")), "object": event["raw_object"]}
+        finally:
+            self._watching = False
+            await watcher.close()
+
+
+# --- decoding API pods --------------------------------------------------------------------------
+
+
+def _is_token_volume(volume: Any) -> bool:
+    if not isinstance(volume, dict):
+        return False
+    name = volume.get("name")
+    projected = volume.get("projected")
+    if not isinstance(name, str) or not name.startswith(TOKEN_VOLUME_PREFIX):
+        return False
+    if not isinstance(projected, dict) or set(volume) != {"name", "projected"}:
+        return False
+    sources = projected.get("sources") or []
+    return any(isinstance(s, dict) and "serviceAccountToken" in s for s in sources)
+
+
+def prepare_api_pod(obj: Obj) -> Obj:
+    """The object our Pod model decodes: without status and what only the scheduler reads.
+
+    resourceVersion and managedFields go too: they change with every write (our own status
+    patches included), and a pod that differs only in them is the same pod to run.
+    """
+    doc = {k: v for k, v in obj.items() if k != "status"}
+    doc["apiVersion"], doc["kind"] = "v1", "Pod"  # list items carry neither
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        doc["metadata"] = {
+            k: v for k, v in meta.items() if k not in ("resourceVersion", "managedFields")
+        }
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return doc
+    spec = copy.deepcopy(spec)
+    doc["spec"] = spec
+    for key in SCHEDULER_ONLY_FIELDS:
+        spec.pop(key, None)
+    volumes = spec.get("volumes")
+    if isinstance(volumes, list):
+        tokens = {v["name"] for v in volumes if _is_token_volume(v)}
+        if tokens:
+            rest = [v for v in volumes if not _is_token_volume(v)]
+            if rest:
+                spec["volumes"] = rest
+            else:
+                del spec["volumes"]
+            for kind in ("initContainers", "containers"):
+                for container in spec.get(kind) or []:
+                    mounts = container.get("volumeMounts") if isinstance(container, dict) else None
+                    if not isinstance(mounts, list):
+                        continue
+                    kept = [
+                        m for m in mounts if not (isinstance(m, dict) and m.get("name") in tokens)
+                    ]
+                    if kept:
+                        container["volumeMounts"] = kept
+                    else:
+                        del container["volumeMounts"]
+    # Whether to mount the token: its volume is set aside above, so nothing is mounted either way.
+    spec.pop("automountServiceAccountToken", None)
+    return doc
+
+
+def pod_location(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    return f"api pod {meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def decode_api_pod(obj: Obj) -> Pod:
+    """Raises ManifestError naming the pod, the field and the reason."""
+    return pod_from_object(prepare_api_pod(obj), pod_location(obj))
+
+
+def is_mirror(obj: Obj) -> bool:
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return isinstance(annotations, dict) and CONFIG_MIRROR in annotations
+
+
+def _meta(obj: Obj) -> Obj:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+# --- the source ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Decoded:
+    version: str  # resourceVersion decoded
+    pod: Pod | None
+    error: ManifestError | None
+
+
+Rejected = Callable[[Obj, str], None]
+"""`rejected(api_object, message)`: a pod that cannot run, never good."""
+
+
+class ApiSource:
+    """List + watch of the pods bound to the node; pushes SETs; keeps the API's view for the
+    rest of the cluster mode (mirror pods, pods being deleted, their API status)."""
+
+    def __init__(
+        self,
+        node_name: str,
+        push: Callable[[PodUpdate], None],
+        recorder: EventRecorder,
+        rejected: Rejected | None = None,
+        watch_timeout: tuple[int, int] = WATCH_TIMEOUT,
+    ) -> None:
+        self.node_name = node_name
+        self.selector = f"spec.nodeName={node_name}"
+        self._push = push
+        self._recorder = recorder
+        self._rejected = rejected
+        self.watch_timeout = watch_timeout
+        self.resource_version: str | None = None  # where the watch resumes; None: re-list
+        self._objects: dict[str, Obj] = {}  # uid -> the API's object (mirror pods included)
+        self._decoded: dict[str, _Decoded] = {}
+        self._good: dict[str, Pod] = {}  # uid -> last good pod
+        self._reported: dict[str, str] = {}  # uid -> the problem last reported
+        self._pushed: dict[str, Pod] | None = None  # what the last SET held
+        self._flush_scheduled = False
+        self._listeners: list[Callable[[], None]] = []
+        self._failures = Failures("pod list/watch of the API server")
+        self.lists = 0
+        self.watches = 0
+        self.synced = asyncio.Event()
+
+    # --- what the rest of the cluster mode reads ---
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Called after each change of the API's view has been applied."""
+        self._listeners.append(listener)
+
+    def api_object(self, uid: str) -> Obj | None:
+        """The API's latest object of a (non-mirror) pod bound to us."""
+        obj = self._objects.get(uid)
+        return obj if obj is not None and not is_mirror(obj) else None
+
+    def mirror_pods(self) -> dict[tuple[str, str], Obj]:
+        out = {}
+        for obj in self._objects.values():
+            if is_mirror(obj):
+                meta = _meta(obj)
+                out[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = obj
+        return out
+
+    def deleting(self) -> dict[str, Obj]:
+        """Non-mirror pods with a deletionTimestamp, by UID."""
+        return {
+            uid: obj
+            for uid, obj in self._objects.items()
+            if not is_mirror(obj) and _meta(obj).get("deletionTimestamp")
+        }
+
+    def has_pod(self, key: tuple[str, str]) -> bool:
+        """Whether a non-mirror pod `(namespace, name)` bound to us exists."""
+        for obj in self._objects.values():
+            meta = _meta(obj)
+            if (meta.get("namespace"), meta.get("name")) == key and not is_mirror(obj):
+                return True
+        return False
+
+    def pushed(self, uid: str) -> bool:
+        return self._pushed is not None and uid in self._pushed
+
+    # --- the reflector ---
+
+    async def run(self, api: KubeApi) -> None:
+        retry = Retry()
+        last_relist = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if self.resource_version is None:
+                    if loop.time() - last_relist < 1.0:
+                        await asyncio.sleep(retry.delay())  # 410 right after a list: slow down
+                    last_relist = loop.time()
+                    await self._list(api)
+                    self._failures.ok()
+                started = loop.time()
+                events = await self._watch(api)
+                self._failures.ok()
+                if events == 0 and loop.time() - started < 1.0:
+                    # An empty stream that ended at once: do not spin on a misbehaving server.
+                    await asyncio.sleep(retry.delay())
+                else:
+                    retry.reset()
+            except ApiError as exc:
+                if exc.status == 410:
+                    log.info(
+                        "pod watch: resourceVersion %s is too old (410 Gone): re-listing",
+                        self.resource_version,
+                    )
+                    metrics.source_errors.labels(API_SOURCE, "expired").inc()
+                    self.resource_version = None
+                    continue
+                if exc.reason == "TooLong":
+                    self.resource_version = None  # resuming would read the same event again
+                reason = "connection" if exc.unreachable else f"http_{exc.status}"
+                metrics.source_errors.labels(API_SOURCE, reason).inc()
+                self._failures.failed(
+                    exc,
+                    " (running pods keep running; retrying)"
+                    if self.synced.is_set()
+                    else " (not ready: no pod of any source is removed until it answers)",
+                )
+                await asyncio.sleep(retry.delay())
+            except Exception:
+                # A bug must not end the source for good: its pods would never change again.
+                log.exception("the API server pod source failed unexpectedly; re-listing")
+                metrics.source_errors.labels(API_SOURCE, "internal").inc()
+                self.resource_version = None
+                await asyncio.sleep(retry.delay())
+
+    async def _list(self, api: KubeApi) -> None:
+        objects: dict[str, Obj] = {}
+        cont: str | None = None
+        version = ""
+        while True:
+            try:
+                page = await api.list_pods(self.selector, LIST_PAGE, cont)
+            except ApiError as exc:
+                if exc.status == 410 and cont is not None:
+                    # The paging snapshot expired: start again for a consistent list.
+                    objects, cont = {}, None
+                    continue
+                raise
+            meta = page.get("metadata") or {}
+            if cont is None:
+                version = str(meta.get("resourceVersion") or "")
+            for item in page.get("items") or []:
+                if isinstance(item, dict) and (uid := _meta(item).get("uid")):
+                    objects[str(uid)] = item
+            cont = meta.get("continue") or None
+            if cont is None:
+                break
+        self.lists += 1
+        self._objects = objects
+        self.resource_version = version or None
+        metrics.source_last_success.labels(API_SOURCE).set(time.time())
+        log.info(
+            "listed %d pods bound to %s at resourceVersion %s",
+            len(objects),
+            self.node_name,
+            version,
+        )
+        self._flush()
+
+    async def _watch(self, api: KubeApi) -> int:
+        """One watch from the current version; returns the number of events it carried."""
+        assert self.resource_version is not None
+        self.watches += 1
+        timeout = random.randint(*self.watch_timeout)
+        events = 0
+        async for event in api.watch_pods(self.selector, self.resource_version, timeout):
+            if events == 0:
+                self._failures.ok()
+            events += 1
+            kind, obj = event["type"], event["object"]
+            meta = _meta(obj)
+            version = meta.get("resourceVersion")
+            if kind == "BOOKMARK":
+                if version:
+                    self.resource_version = str(version)
+                metrics.source_last_success.labels(API_SOURCE).set(time.time())
+                continue
+            uid = meta.get("uid")
+            if not uid or kind not in ("ADDED", "MODIFIED", "DELETED"):
+                log.debug("pod watch: ignoring a %s event without uid", kind)
+                continue
+            if kind == "DELETED":
+                self._objects.pop(str(uid), None)
+            else:
+                self._objects[str(uid)] = obj
+            if version:
+                self.resource_version = str(version)
+            self._schedule_flush()
+        self._flush()
+        return events
+
+    def _schedule_flush(self) -> None:
+        # Events already buffered are read without yielding to the loop: a burst becomes one SET.
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    # --- building the SET ---
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        pods: dict[str, Pod] = {}
+        for uid, obj in self._objects.items():
+            if is_mirror(obj):
+                continue
+            if (obj.get("spec") or {}).get("nodeName") != self.node_name:
+                continue
+            if _meta(obj).get("deletionTimestamp") and not self.pushed(uid):
+                continue  # never ran here: nothing to stop, only the final delete is left
+            pod = self._decode(uid, obj)
+            if pod is not None:
+                pods[uid] = pod
+        for uid in [u for u in self._decoded if u not in self._objects]:
+            del self._decoded[uid]
+            self._good.pop(uid, None)
+            self._reported.pop(uid, None)
+        self.synced.set()
+        changed = self._pushed is None or self._pushed != pods
+        if changed:
+            self._pushed = pods
+            metrics.source_updates.labels(API_SOURCE).inc()
+            self._push(PodUpdate(list(pods.values()), Op.SET, API_SOURCE))
+        for listener in self._listeners:
+            listener()
+
+    def _decode(self, uid: str, obj: Obj) -> Pod | None:
+        version = str(_meta(obj).get("resourceVersion") or "")
+        cached = self._decoded.get(uid)
+        if cached is None or cached.version != version:
+            try:
+                cached = _Decoded(version, decode_api_pod(obj), None)
+            except ManifestError as exc:
+                cached = _Decoded(version, None, exc)
+            self._decoded[uid] = cached
+        if cached.pod is not None:
+            # Keep the identity of an unchanged pod (a status-only change re-decodes to the
+            # same pod), so comparing SETs stays cheap and nothing downstream sees a change.
+            last = self._good.get(uid)
+            if last is not None and last == cached.pod:
+                cached.pod = last
+            self._good[uid] = cached.pod
+            self._reported.pop(uid, None)
+            return cached.pod
+        assert cached.error is not None
+        self._report(uid, obj, cached.error)
+        return self._good.get(uid)
+
+    def _report(self, uid: str, obj: Obj, error: ManifestError) -> None:
+        text = error.describe()
+        if self._reported.get(uid) == text:
+            return
+        self._reported[uid] = text
+        meta = _meta(obj)
+        ref = ObjectRef("Pod", str(meta.get("name", "")), str(meta.get("namespace", "")), uid)
+        kept = uid in self._good
+        suffix = " (its last good version keeps running)" if kept else " (not run)"
+        metrics.source_errors.labels(API_SOURCE, "invalid").inc()
+        for line in error.lines():
+            self._recorder.record("Warning", FAILED_VALIDATION, line + suffix, ref)
+        if not kept and self._rejected is not None:
+            self._rejected(obj, "; ".join(str(e) for e in error.errors))
