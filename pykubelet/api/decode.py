@@ -21,7 +21,7 @@ _Loader: Any = yaml.CSafeLoader if YAML_IS_FAST else yaml.SafeLoader
 # "unknown field", so the user knows the manifest is right and pykubelet is behind.
 KNOWN_UNSUPPORTED = frozenset(
     {
-        "grpc", "volumeMounts",
+        "volumeMounts",
         "volumeDevices", "envFrom", "resizePolicy", "stdinOnce", "volumes", "affinity", "hostPID",
         "hostIPC", "imagePullSecrets", "readinessGates", "runtimeClassName",
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",

@@ -106,6 +106,11 @@ class TCPSocketAction(ApiModel):
     host: str | None = None
 
 
+class GRPCAction(ApiModel):
+    port: int
+    service: str | None = None
+
+
 class SleepAction(ApiModel):
     seconds: int
 
@@ -114,6 +119,7 @@ class Probe(ApiModel):
     exec: ExecAction | None = None
     http_get: HTTPGetAction | None = None
     tcp_socket: TCPSocketAction | None = None
+    grpc: GRPCAction | None = None
     initial_delay_seconds: int = 0
     period_seconds: int = 10
     timeout_seconds: int = 1
@@ -121,8 +127,8 @@ class Probe(ApiModel):
     failure_threshold: int = 3
     termination_grace_period_seconds: int | None = None
 
-    def handler(self) -> ExecAction | HTTPGetAction | TCPSocketAction | None:
-        return self.exec or self.http_get or self.tcp_socket
+    def handler(self) -> ExecAction | HTTPGetAction | TCPSocketAction | GRPCAction | None:
+        return self.exec or self.http_get or self.tcp_socket or self.grpc
 
 
 class LifecycleHandler(ApiModel):

@@ -217,9 +217,15 @@ def _validate_handlers(container: Container, path: str, *, is_init: bool) -> lis
         where = f"{path}.{kind}Probe"
         if is_init and container.restart_policy != "Always":
             errors.append(FieldError(where, "may not be set on init containers (only sidecars)"))
-        actions = [a for a in (probe.exec, probe.http_get, probe.tcp_socket) if a is not None]
-        if len(actions) != 1:
-            errors.append(FieldError(where, "must have exactly one of exec, httpGet, tcpSocket"))
+        handlers = (probe.exec, probe.http_get, probe.tcp_socket, probe.grpc)
+        if len([a for a in handlers if a is not None]) != 1:
+            errors.append(
+                FieldError(where, "must have exactly one of exec, httpGet, tcpSocket, grpc")
+            )
+        if probe.grpc is not None and not 1 <= probe.grpc.port <= 65535:
+            errors.append(
+                FieldError(f"{where}.grpc.port", "must be between 1 and 65535, inclusive")
+            )
         if probe.http_get is not None:
             errors.extend(
                 _validate_port_ref(probe.http_get.port, container, f"{where}.httpGet.port")

@@ -232,3 +232,60 @@ lifecycle:
     )
     messages = [e["message"] for e in agent.events() if e["reason"] == "FailedPostStartHook"]
     assert messages and "exited with 7" in messages[0]
+
+
+GRPC_SERVER = """
+import asyncio, sys, time
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+async def main():
+    server = grpc.aio.server()
+    servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    server.add_insecure_port("0.0.0.0:%d" % int(sys.argv[1]))
+    await server.start()
+    await servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await servicer.set("db", health_pb2.HealthCheckResponse.SERVING)
+    await asyncio.sleep(3)
+    await servicer.set("db", health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+def test_grpc_probes(start_agent, manifests: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import sys
+
+    port = free_port()
+    script = tmp_path / "health_server.py"
+    script.write_text(GRPC_SERVER)
+    command = json.dumps([sys.executable, str(script), str(port)])
+    write_pod(
+        manifests,
+        "grpc",
+        manifest(
+            "grpc",
+            f"""
+command: {command}
+readinessProbe:
+  grpc: {{port: {port}}}
+  periodSeconds: 1
+livenessProbe:
+  grpc: {{port: {port}, service: db}}
+  initialDelaySeconds: 1
+  periodSeconds: 1
+  failureThreshold: 1
+""",
+        ),
+    )
+    agent = start_agent()
+    wait_for("ready through grpc", lambda: container_state(agent.pod("grpc"))["ready"], timeout=20)
+    # "db" turns NOT_SERVING after 3 s: the liveness probe restarts the container.
+    wait_for(
+        "restarted", lambda: container_state(agent.pod("grpc"))["restartCount"] >= 1, timeout=30
+    )
+    messages = [e["message"] for e in agent.events() if e["reason"] == "Unhealthy"]
+    assert any('service unhealthy (responded with "NOT_SERVING")' in m for m in messages), messages

@@ -80,7 +80,7 @@ def test_missing_container_name_names_file_and_field() -> None:
                 b"    command: [nginx]\n",
                 b"    startupProbe: {tcpSocket: {port: 1}, httpGet: {port: 2}}\n",
             ),
-            "startupProbe: must have exactly one of exec, httpGet, tcpSocket",
+            "startupProbe: must have exactly one of exec, httpGet, tcpSocket, grpc",
         ),
         (
             (b"    command: [nginx]\n", b"    comand: [nginx]\n"),
