@@ -8,7 +8,12 @@ STAMP := $(VENV)/.installed
 ROOT_DIR ?= .run/root
 PORT ?= 10255
 
-.PHONY: run test lint unit integration bench clean venv
+.PHONY: run test test-env lint unit integration bench clean venv
+
+# What the tests need on the machine: Podman for the docker runtime's tests (their session
+# fixture writes a private Podman configuration, builds the images and starts, then stops, the
+# service through scripts/podman-test-env) and Chromium for the status page's.
+TEST_PACKAGES := podman runc busybox-static chromium
 
 venv: $(STAMP)
 
@@ -35,7 +40,10 @@ unit: $(STAMP)
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration
 
-test: lint
+test-env:
+	@scripts/install-debian-packages $(TEST_PACKAGES)
+
+test: lint test-env
 	$(BIN)/pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)

@@ -271,7 +271,10 @@ def make_runtime(opts: Options, host_ip: str) -> Runtime:
         from pykubelet.runtime.docker import DockerRuntime
 
         return DockerRuntime(
-            opts.container_runtime_endpoint, opts.pod_infra_container_image, opts.root_dir
+            opts.container_runtime_endpoint,
+            opts.pod_infra_container_image,
+            opts.root_dir,
+            node_ip=host_ip,
         )
     from pykubelet.runtime.process import ProcessRuntime
 

@@ -40,6 +40,7 @@ class PLEG:
         self.period = period
         self.events: asyncio.Queue[PodLifecycleEvent] = asyncio.Queue()
         self._last: dict[str, tuple[str, ContainerRunState]] = {}  # container id -> (pod, state)
+        self._sandboxes: dict[str, tuple[str, bool]] = {}  # sandbox id -> (pod, ready)
         self._poke = asyncio.Event()
         self.last_relist_seconds = 0.0
         self.last_relist_at = 0.0
@@ -69,6 +70,7 @@ class PLEG:
     async def relist(self) -> None:
         started = time.monotonic()
         current: dict[str, tuple[str, ContainerRunState]] = {}
+        sandboxes: dict[str, tuple[str, bool]] = {}
         by_state = dict.fromkeys(ContainerRunState, 0)
         running_pods = 0
         for pod in await self.runtime.list_pods():
@@ -78,6 +80,8 @@ class PLEG:
             for c in pod.containers:
                 current[c.id] = (pod.uid, c.state)
                 by_state[c.state] += 1
+            if pod.sandbox is not None:
+                sandboxes[pod.sandbox.id] = (pod.uid, pod.sandbox.ready)
         metrics.running_pods.set(running_pods)
         for state, count in by_state.items():
             metrics.running_containers.labels(state.value).set(count)
@@ -92,7 +96,13 @@ class PLEG:
         for cid, (uid, _) in self._last.items():
             if cid not in current:
                 self.events.put_nowait(PodLifecycleEvent(uid, EventType.CONTAINER_REMOVED, cid))
+        for sid, (uid, ready) in sandboxes.items():
+            # As the kubelet's PLEG: a sandbox that dies is an event of its pod, whose sync then
+            # makes a new one (the docker runtime's infra container).
+            if not ready and self._sandboxes.get(sid, (uid, True))[1]:
+                self.events.put_nowait(PodLifecycleEvent(uid, EventType.CONTAINER_DIED, sid))
         self._last = current
+        self._sandboxes = sandboxes
         self.last_relist_at = time.monotonic()
         self.last_relist_seconds = self.last_relist_at - started
         metrics.pleg_relist_duration.observe(self.last_relist_seconds)

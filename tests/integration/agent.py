@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import http.client
+import http.server
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +191,182 @@ def processes_with(marker: str) -> list[int]:
         if marker.encode() in cmdline and pid_alive(int(entry)):
             found.append(int(entry))
     return found
+
+
+# --- the container engine, for the docker runtime's tests -----------------------------------------
+
+LABEL_POD_UID = "io.kubernetes.pod.uid"
+LABEL_POD_NAME = "io.kubernetes.pod.name"
+LABEL_TYPE = "io.kubernetes.docker.type"
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+class Engine:
+    """Just enough of the Docker Engine API to check what the agent did, as `docker` would."""
+
+    def __init__(self, endpoint: str) -> None:
+        assert endpoint.startswith("unix://"), endpoint
+        self.endpoint = endpoint
+        self.path = endpoint[len("unix://") :]
+
+    def request(self, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
+        conn = _UnixConnection(self.path, timeout=30)
+        try:
+            url = "/v1.41/" + path + ("?" + urllib.parse.urlencode(query) if query else "")
+            conn.request(method, url)
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        if resp.status == 404:
+            return None
+        assert resp.status < 300, f"{method} {path}: {resp.status} {body[:500]!r}"
+        return json.loads(body) if body.strip() else None
+
+    def containers(self, **labels: str) -> list[dict[str, Any]]:
+        """Every container (running or not) with these labels; all of the agent's without any."""
+        wanted = [f"{k}={v}" for k, v in labels.items()] or [LABEL_TYPE]
+        rows = self.request(
+            "GET", "containers/json", {"all": "1", "filters": json.dumps({"label": wanted})}
+        )
+        return list(rows or [])
+
+    def pod_containers(self, pod_name: str) -> list[dict[str, Any]]:
+        return self.containers(**{LABEL_POD_NAME: f"{pod_name}-{NODE}"})
+
+    def inspect(self, container_id: str) -> dict[str, Any] | None:
+        cid = container_id.split("://", 1)[-1]
+        info: dict[str, Any] | None = self.request("GET", f"containers/{cid}/json")
+        return info
+
+    def gateway(self) -> str:
+        """The host's address on the engine's default network, as the containers reach it."""
+        for name in ("podman", "bridge"):
+            net = self.request("GET", f"networks/{name}")
+            if net:
+                for conf in (net.get("IPAM") or {}).get("Config") or []:
+                    if conf.get("Gateway"):
+                        return str(conf["Gateway"])
+        raise AssertionError("the engine has no default network with a gateway")
+
+    def remove_all(self) -> None:
+        # Members first: an infra container goes only once nothing joined to it is left.
+        rows = self.containers()
+        rows.sort(key=lambda r: (r.get("Labels") or {}).get(LABEL_TYPE) == "podsandbox")
+        for row in rows:
+            self.request("DELETE", f"containers/{row['Id']}", {"force": "1", "v": "1"})
+
+
+class _JournalHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.lines.append(self.path.strip("/"))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class Journal:
+    """Lines written by containers, in the order they were written. With host processes, a file;
+    containers see no host file (there are no volumes yet), so they report to an HTTP server the
+    test runs on the engine network's gateway."""
+
+    def __init__(self, path: Path | None, host: str = "") -> None:
+        self.path = path
+        self.server: http.server.ThreadingHTTPServer | None = None
+        if path is None:
+            server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), _JournalHandler)
+            server.lines = []  # type: ignore[attr-defined]
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self.server = server
+            self.url = f"http://{host}:{server.server_address[1]}"
+
+    def append(self, word: str) -> str:
+        """A shell command that appends `word` (it may hold $(VAR) references)."""
+        if self.path is not None:
+            return f"echo {word} >> {self.path}"
+        return f"wget -q -O /dev/null {self.url}/{word}"
+
+    def lines(self) -> list[str]:
+        if self.path is not None:
+            return self.path.read_text().split() if self.path.exists() else []
+        assert self.server is not None
+        return list(self.server.lines)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@dataclass
+class Backend:
+    """The runtime the agent under test uses, and how a test checks what it runs: host
+    processes directly, containers through the engine."""
+
+    name: str
+    flags: list[str] = field(default_factory=list)
+    engine: Engine | None = None
+    journals: list[Journal] = field(default_factory=list)
+
+    @property
+    def scheme(self) -> str:
+        return f"{self.name}://"
+
+    def forever(self, exec_: bool = True) -> str:
+        """A shell command that runs until it is stopped. In a container the shell is PID 1,
+        which ignores SIGTERM unless it traps it (as in Kubernetes): it traps it."""
+        if self.engine is None:
+            return "exec sleep 600" if exec_ else "sleep 600"
+        return 'trap "exit 0" TERM; while :; do sleep 1 & wait; done'
+
+    def scratch(self, tmp_path: Path) -> Path:
+        """A directory every container of a pod sees, across restarts: the host's for
+        processes; the pod's /dev/shm (its IPC namespace, held by the infra) for containers."""
+        return tmp_path if self.engine is None else Path("/dev/shm")
+
+    def journal(self, tmp_path: Path) -> Journal:
+        if self.engine is None:
+            journal = Journal(tmp_path / "journal")
+        else:
+            journal = Journal(None, self.engine.gateway())
+        self.journals.append(journal)
+        return journal
+
+    def pid_of(self, agent: Agent, pod: str, field: int = 0, container: str = "main") -> int:
+        """The host pid of the container's main process. A process prints its own pid (field
+        `field` of its log); a container's is the engine's, for the container in the status."""
+        if self.engine is None:
+            text = wait_for(f"{pod} log", lambda: agent.logs(pod, container))
+            return int(text.split()[field])
+        engine = self.engine
+
+        def pid() -> int | None:
+            statuses = (agent.pod(pod) or {}).get("status", {}).get("containerStatuses") or []
+            for st in statuses:
+                if st["name"] == container and "running" in st["state"]:
+                    info = engine.inspect(st["containerID"]) or {}
+                    found = (info.get("State") or {}).get("Pid")
+                    return int(found) if found else None
+            return None
+
+        return int(wait_for(f"{pod} pid", pid))
+
+    def close(self) -> None:
+        for journal in self.journals:
+            journal.close()
+        if self.engine is not None:
+            self.engine.remove_all()

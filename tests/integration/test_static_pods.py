@@ -1,4 +1,5 @@
-"""Static pods from a manifest directory, end to end: the real agent, real processes, real HTTP."""
+"""Static pods from a manifest directory, end to end: the real agent, real processes or real
+containers, real HTTP. Each test that runs pods runs once per runtime (`backend`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from tests.integration.agent import (
     NODE,
+    Backend,
     container_state,
     pid_alive,
     pod_yaml,
@@ -29,18 +31,20 @@ def running(agent, name):  # type: ignore[no-untyped-def]
     return pod if "running" in state["state"] else None
 
 
-def test_pods_start_and_serve_status_and_logs(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
+def test_pods_start_and_serve_status_and_logs(
+    start_agent, manifests: Path, backend: Backend
+) -> None:  # type: ignore[no-untyped-def]
     write_pod(
         manifests,
         "hello",
-        pod_yaml("hello", "echo hello from $(POD); sleep 600").replace(
+        pod_yaml("hello", f"echo hello from $(POD); {backend.forever(False)}").replace(
             "    command:",
             "    env:\n    - {name: POD, valueFrom: {fieldRef: {fieldPath: metadata.name}}}\n"
             "    command:",
         ),
     )
-    write_pod(manifests, "second", pod_yaml("second", "echo second; sleep 600"))
-    agent = start_agent()
+    write_pod(manifests, "second", pod_yaml("second", f"echo second; {backend.forever(False)}"))
+    agent = start_agent(*backend.flags)
 
     pod = wait_for("hello running", lambda: running(agent, "hello"))
     wait_for("second running", lambda: running(agent, "second"))
@@ -52,7 +56,7 @@ def test_pods_start_and_serve_status_and_logs(start_agent, manifests: Path) -> N
     assert pod["spec"]["nodeName"] == NODE
     state = container_state(pod)
     assert state["name"] == "main" and state["ready"] is True and state["restartCount"] == 0
-    assert state["containerID"].startswith("process://")
+    assert state["containerID"].startswith(backend.scheme)
     conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
     assert conditions["Ready"] == "True" and conditions["PodScheduled"] == "True"
     text = wait_for("log", lambda: agent.logs("hello", "main"))
@@ -62,14 +66,16 @@ def test_pods_start_and_serve_status_and_logs(start_agent, manifests: Path) -> N
     assert status == 404 and b"nope" in body
 
 
-def test_edit_restarts_with_new_spec_and_delete_stops(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
-    write_pod(manifests, "app", pod_yaml("app", "echo v1 $$$$; exec sleep 600"))
-    agent = start_agent()
+def test_edit_restarts_with_new_spec_and_delete_stops(
+    start_agent, manifests: Path, backend: Backend
+) -> None:  # type: ignore[no-untyped-def]
+    write_pod(manifests, "app", pod_yaml("app", f"echo v1 $$$$; {backend.forever()}"))
+    agent = start_agent(*backend.flags)
     first = wait_for("app running", lambda: running(agent, "app"))
-    pid1 = int(wait_for("v1 log", lambda: agent.logs("app", "main")).split()[1])
+    pid1 = backend.pid_of(agent, "app", 1)
     assert pid_alive(pid1)
 
-    write_pod(manifests, "app", pod_yaml("app", "echo v2 $$$$; exec sleep 600"))
+    write_pod(manifests, "app", pod_yaml("app", f"echo v2 $$$$; {backend.forever()}"))
     second = wait_for(
         "new pod running",
         lambda: (
@@ -81,7 +87,7 @@ def test_edit_restarts_with_new_spec_and_delete_stops(start_agent, manifests: Pa
     wait_for("old process gone", lambda: not pid_alive(pid1), timeout=10)
     assert second["status"]["containerStatuses"][0]["restartCount"] == 0
 
-    pid2 = int(log.split()[1])
+    pid2 = backend.pid_of(agent, "app", 1)
     started = time.monotonic()
     (manifests / "app.yaml").unlink()
     wait_for("pod gone from /pods", lambda: agent.pod("app") is None, timeout=10)
@@ -89,8 +95,8 @@ def test_edit_restarts_with_new_spec_and_delete_stops(start_agent, manifests: Pa
     assert time.monotonic() - started < 10
 
 
-def test_restart_policies(start_agent, manifests: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    marker = tmp_path / "failed-once"
+def test_restart_policies(start_agent, manifests: Path, tmp_path: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
+    marker = backend.scratch(tmp_path) / "failed-once"
     write_pod(
         manifests,
         "onfailure",
@@ -102,7 +108,7 @@ def test_restart_policies(start_agent, manifests: Path, tmp_path: Path) -> None:
     )
     write_pod(manifests, "never", pod_yaml("never", "exit 4", restart="Never"))
     write_pod(manifests, "always", pod_yaml("always", "sleep 0.2; exit 0", restart="Always"))
-    agent = start_agent()
+    agent = start_agent(*backend.flags)
 
     done = wait_for(
         "onfailure succeeded",
@@ -133,9 +139,9 @@ def test_restart_policies(start_agent, manifests: Path, tmp_path: Path) -> None:
     assert container_state(agent.pod("never"))["restartCount"] == 0
 
 
-def test_crashing_container_backs_off(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
+def test_crashing_container_backs_off(start_agent, manifests: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
     write_pod(manifests, "crash", pod_yaml("crash", "echo boom; exit 1"))
-    agent = start_agent()
+    agent = start_agent(*backend.flags)
     st = wait_for(
         "CrashLoopBackOff",
         lambda: (
@@ -159,8 +165,10 @@ def test_crashing_container_backs_off(start_agent, manifests: Path) -> None:  # 
     assert "BackOff" in reasons
 
 
-def test_bad_manifest_reported_others_keep_running(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
-    write_pod(manifests, "good", pod_yaml("good", "echo $$$$; exec sleep 600"))
+def test_bad_manifest_reported_others_keep_running(
+    start_agent, manifests: Path, backend: Backend
+) -> None:  # type: ignore[no-untyped-def]
+    write_pod(manifests, "good", pod_yaml("good", f"echo $$$$; {backend.forever()}"))
     (manifests / "broken.yaml").write_text(
         "apiVersion: v1\nkind: Pod\nmetadata: {name: broken}\nspec:\n"
         "  containers:\n  - image: busybox\n    command: [sleep, '1']\n"
@@ -168,7 +176,7 @@ def test_bad_manifest_reported_others_keep_running(start_agent, manifests: Path)
     (manifests / "notes.txt").write_text("not a manifest")
     (manifests / "good.yaml~").write_text(pod_yaml("backup", "sleep 600"))
     (manifests / ".hidden.yaml").write_text(pod_yaml("hidden", "sleep 600"))
-    agent = start_agent()
+    agent = start_agent(*backend.flags)
     wait_for("good running", lambda: running(agent, "good"))
 
     def broken_reported() -> list[str]:
@@ -183,7 +191,8 @@ def test_bad_manifest_reported_others_keep_running(start_agent, manifests: Path)
     assert set(agent.pods()) == {f"good-{NODE}"}
 
     # A good manifest that turns bad keeps its running pod (the kubelet would kill it).
-    pid = int(agent.logs("good", "main").split()[0])
+    pid = backend.pid_of(agent, "good")
+    container_id = container_state(agent.pod("good"))["containerID"]
     (manifests / "good.yaml").write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: good\n")
     wait_for(
         "turned-bad reported",
@@ -193,23 +202,27 @@ def test_bad_manifest_reported_others_keep_running(start_agent, manifests: Path)
     )
     time.sleep(0.5)
     assert running(agent, "good") and pid_alive(pid)
-    assert agent.logs("good", "main").split()[0] == str(pid)
+    assert backend.pid_of(agent, "good") == pid
+    assert container_state(agent.pod("good"))["containerID"] == container_id
 
 
 def test_agent_sigkill_then_restart_adopts_running_pods(
-    start_agent, manifests: Path, tmp_path: Path
+    start_agent, manifests: Path, tmp_path: Path, backend: Backend
 ) -> None:  # type: ignore[no-untyped-def]
     marker = f"adopt-marker-{os.getpid()}"
-    # No exec: the shell, whose command line carries the marker, is the container's process.
-    write_pod(manifests, "keep", pod_yaml("keep", f"echo $$$$; sleep 600; : {marker}"))
-    agent = start_agent()
+    # No exec: the shell, whose command line carries the marker, is the container's process
+    # (a container's processes are host processes too, seen from here).
+    write_pod(
+        manifests, "keep", pod_yaml("keep", f"echo $$$$; {backend.forever(False)}; : {marker}")
+    )
+    agent = start_agent(*backend.flags)
     pod = wait_for("keep running", lambda: running(agent, "keep"))
-    pid = int(agent.logs("keep", "main").split()[0])
+    pid = backend.pid_of(agent, "keep")
     assert processes_with(marker) == [pid]
 
     agent.stop(signal.SIGKILL)
     assert pid_alive(pid), "pods keep running when the agent dies"
-    again = start_agent()
+    again = start_agent(*backend.flags)
     adopted = wait_for("pod adopted", lambda: running(again, "keep"))
     assert adopted["metadata"]["uid"] == pod["metadata"]["uid"]
     st = container_state(adopted)
@@ -222,42 +235,49 @@ def test_agent_sigkill_then_restart_adopts_running_pods(
     wait_for("pod stopped with the agent", lambda: not pid_alive(pid), timeout=10)
 
 
-def test_removed_while_agent_down_is_cleaned_up(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
-    write_pod(manifests, "gone", pod_yaml("gone", "echo $$$$; exec sleep 600"))
-    agent = start_agent()
+def test_removed_while_agent_down_is_cleaned_up(
+    start_agent, manifests: Path, backend: Backend
+) -> None:  # type: ignore[no-untyped-def]
+    write_pod(manifests, "gone", pod_yaml("gone", f"echo $$$$; {backend.forever()}"))
+    agent = start_agent(*backend.flags)
     wait_for("running", lambda: running(agent, "gone"))
-    pid = int(agent.logs("gone", "main").split()[0])
+    pid = backend.pid_of(agent, "gone")
     agent.stop(signal.SIGKILL)
     (manifests / "gone.yaml").unlink()
-    start_agent()
+    start_agent(*backend.flags)
     wait_for("orphan killed by housekeeping", lambda: not pid_alive(pid), timeout=15)
+    if backend.engine is not None:
+        engine = backend.engine
+        wait_for("orphan removed, infra too", lambda: not engine.pod_containers("gone"))
 
 
-def test_only_one_pod_per_name_runs_at_a_time(start_agent, manifests: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    journal = tmp_path / "journal"
+def test_only_one_pod_per_name_runs_at_a_time(
+    start_agent, manifests: Path, tmp_path: Path, backend: Backend
+) -> None:  # type: ignore[no-untyped-def]
+    journal = backend.journal(tmp_path)
     slow_stop = (
-        f'trap "echo stop-$(V) >> {journal}; sleep 1; echo stopped-$(V) >> {journal}; exit 0" '
-        "TERM; "
-        f"echo start-$(V) >> {journal}; while true; do sleep 0.1; done"
+        f'trap "{journal.append("stop-$(V)")}; sleep 1; {journal.append("stopped-$(V)")}; '
+        'exit 0" TERM; '
+        f"{journal.append('start-$(V)')}; while true; do sleep 0.1; done"
     )
     spec = pod_yaml("one", slow_stop, grace=10).replace(
         "    command:", "    env: [{name: V, value: '%s'}]\n    command:"
     )
     write_pod(manifests, "one", spec % "1")
-    agent = start_agent()
-    wait_for("v1 running", lambda: journal.exists() and "start-1" in journal.read_text())
+    agent = start_agent(*backend.flags)
+    wait_for("v1 running", lambda: "start-1" in journal.lines())
     write_pod(manifests, "one", spec % "2")
-    wait_for("v2 started", lambda: "start-2" in journal.read_text(), timeout=15)
-    lines = journal.read_text().split()
+    wait_for("v2 started", lambda: "start-2" in journal.lines(), timeout=15)
+    lines = journal.lines()
     assert lines == ["start-1", "stop-1", "stopped-1", "start-2"], lines
     wait_for("v2 running", lambda: running(agent, "one"))
 
 
-def test_sigterm_stops_pods_and_exits_zero(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
-    write_pod(manifests, "svc", pod_yaml("svc", "echo $$$$; exec sleep 600"))
-    agent = start_agent()
+def test_sigterm_stops_pods_and_exits_zero(start_agent, manifests: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
+    write_pod(manifests, "svc", pod_yaml("svc", f"echo $$$$; {backend.forever()}"))
+    agent = start_agent(*backend.flags)
     wait_for("running", lambda: running(agent, "svc"))
-    pid = int(agent.logs("svc", "main").split()[0])
+    pid = backend.pid_of(agent, "svc")
     assert agent.stop(signal.SIGTERM, timeout=30) == 0
     assert not pid_alive(pid)
 

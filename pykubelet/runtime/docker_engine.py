@@ -1,0 +1,378 @@
+"""The Docker Engine API as the docker runtime speaks it: the create requests of sandboxes and
+containers, what an inspect result means, the multiplexed log stream. Pure functions and data,
+unit-tested without an engine; the calls themselves are in docker.py."""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from pykubelet.api.model import Pod
+from pykubelet.runtime.base import (
+    LABEL_ATTEMPT,
+    LABEL_CONTAINER_NAME,
+    LABEL_POD_NAME,
+    LABEL_POD_NAMESPACE,
+    LABEL_POD_UID,
+    LABEL_SPEC_HASH,
+    ContainerConfig,
+    ContainerRunState,
+    StartError,
+)
+
+# The labels of the kubelet's Docker integration (dockershim), beside those of base.py.
+LABEL_TYPE = "io.kubernetes.docker.type"
+LABEL_SANDBOX_ID = "io.kubernetes.sandbox.id"
+LABEL_GRACE = "io.kubernetes.pod.terminationGracePeriod"
+TYPE_SANDBOX = "podsandbox"
+TYPE_CONTAINER = "container"
+SANDBOX_NAME = "POD"
+
+CPU_PERIOD = 100_000  # microseconds, as the kubelet sets it
+MIN_CPU_QUOTA = 1_000
+MIN_CPU_SHARES = 2
+HOSTNAME_MAX = 63
+
+_RUN_STATES = {
+    "running": ContainerRunState.RUNNING,
+    "paused": ContainerRunState.RUNNING,
+    "restarting": ContainerRunState.RUNNING,
+    "stopping": ContainerRunState.RUNNING,
+    "created": ContainerRunState.CREATED,
+    "configured": ContainerRunState.CREATED,
+    "initialized": ContainerRunState.CREATED,
+    "exited": ContainerRunState.EXITED,
+    "stopped": ContainerRunState.EXITED,
+    "dead": ContainerRunState.EXITED,
+    "removing": ContainerRunState.EXITED,
+}
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- request bodies and parsing -----------------------------------------------------------------
+
+_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
+_DECIMAL = {"m": -1, "": 0, "k": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
+_QUANTITY = re.compile(
+    r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE]))?$"
+)
+
+
+def parse_quantity(text: str) -> Decimal:
+    """A Kubernetes resource quantity ("128Mi", "0.5", "500m", "1e3") as a number."""
+    match = _QUANTITY.match(text.strip())
+    if match is None:
+        raise ValueError(f"invalid quantity {text!r}")
+    number, exponent, suffix = match.groups()
+    try:
+        value = Decimal(number)
+        if exponent:
+            return value * (Decimal(10) ** int(exponent[1:]))
+        suffix = suffix or ""
+        if suffix in _BINARY:
+            return value * Decimal(1024 ** _BINARY[suffix])
+        return value * (Decimal(1000) ** _DECIMAL[suffix])
+    except InvalidOperation as e:
+        raise ValueError(f"invalid quantity {text!r}") from e
+
+
+def resource_limits(limits: dict[str, str]) -> dict[str, int]:
+    """The HostConfig fields for a container's resources.limits, as the kubelet sets them."""
+    out: dict[str, int] = {}
+    memory = limits.get("memory")
+    if memory is not None:
+        value = math.ceil(parse_quantity(memory))
+        # No swap beyond the limit: what the kubelet does, and what makes the limit a limit.
+        out["Memory"] = value
+        out["MemorySwap"] = value
+    cpu = limits.get("cpu")
+    if cpu is not None:
+        milli = math.ceil(parse_quantity(cpu) * 1000)
+        out["CpuPeriod"] = CPU_PERIOD
+        out["CpuQuota"] = max(milli * CPU_PERIOD // 1000, MIN_CPU_QUOTA)
+        # Requests are not passed down; a limit alone means requests equal to it.
+        out["CpuShares"] = max(milli * 1024 // 1000, MIN_CPU_SHARES)
+    return out
+
+
+def container_name(kind_name: str, pod: Pod, attempt: int) -> str:
+    meta = pod.metadata
+    return f"k8s_{kind_name}_{meta.name}_{meta.namespace}_{pod.uid}_{attempt}"
+
+
+def pod_hostname(pod: Pod) -> str:
+    name = pod.spec.hostname or pod.metadata.name
+    return name[:HOSTNAME_MAX].rstrip("-.") or "pod"
+
+
+def _labels(pod: Pod, kind: str, name: str, attempt: int) -> dict[str, str]:
+    return {
+        LABEL_TYPE: kind,
+        LABEL_POD_UID: pod.uid,
+        LABEL_POD_NAME: pod.metadata.name,
+        LABEL_POD_NAMESPACE: pod.metadata.namespace,
+        LABEL_CONTAINER_NAME: name,
+        LABEL_ATTEMPT: str(attempt),
+        LABEL_GRACE: str(pod.spec.termination_grace_period_seconds),
+    }
+
+
+def sandbox_body(pod: Pod, image: str, attempt: int) -> dict[str, Any]:
+    """The create request of a pod's infra container, which owns its namespaces and ports."""
+    host_config: dict[str, Any] = {"RestartPolicy": {"Name": "no"}}
+    body: dict[str, Any] = {
+        "Image": image,
+        "Labels": _labels(pod, TYPE_SANDBOX, SANDBOX_NAME, attempt),
+        "HostConfig": host_config,
+    }
+    if pod.spec.host_network:
+        host_config["NetworkMode"] = "host"
+        host_config["UTSMode"] = "host"
+        host_config["IpcMode"] = "shareable"
+        return body
+    body["Hostname"] = pod_hostname(pod)
+    # Docker lets others join the IPC namespace only of a container created "shareable".
+    host_config["IpcMode"] = "shareable"
+    exposed: dict[str, dict[str, Any]] = {}
+    bindings: dict[str, list[dict[str, str]]] = {}
+    for spec in [*pod.spec.init_containers, *pod.spec.containers]:
+        for port in spec.ports:
+            if not port.host_port:
+                continue
+            key = f"{port.container_port}/{port.protocol.lower()}"
+            exposed[key] = {}
+            bindings.setdefault(key, []).append(
+                {"HostIp": port.host_ip or "", "HostPort": str(port.host_port)}
+            )
+    if bindings:
+        body["ExposedPorts"] = exposed
+        host_config["PortBindings"] = bindings
+    return body
+
+
+def container_body(
+    pod: Pod, sandbox_id: str, config: ContainerConfig, *, podman: bool
+) -> dict[str, Any]:
+    """The create request of one container, joined to the pod's infra container."""
+    join = f"container:{sandbox_id}"
+    host_config: dict[str, Any] = {
+        "NetworkMode": join,
+        "IpcMode": join,
+        "RestartPolicy": {"Name": "no"},
+    }
+    # Docker joins the UTS namespace along with the network one (and rejects a "container:"
+    # UTS mode); Podman does not, and needs it asked for.
+    if podman:
+        host_config["UTSMode"] = join
+    try:
+        host_config.update(resource_limits(config.limits))
+    except ValueError as e:
+        raise StartError("CreateContainerConfigError", str(e)) from None
+    env: dict[str, str] = {}
+    for key, value in config.env:
+        env[key] = value  # the last value wins, at the first position, as the kubelet does
+    labels = _labels(pod, TYPE_CONTAINER, config.name, config.attempt)
+    labels[LABEL_SPEC_HASH] = config.spec_hash
+    labels[LABEL_SANDBOX_ID] = sandbox_id
+    body: dict[str, Any] = {
+        "Image": config.image,
+        "Env": [f"{k}={v}" for k, v in env.items()],
+        "Labels": labels,
+        "HostConfig": host_config,
+    }
+    # Kubernetes semantics: a command replaces the image's entrypoint *and* its cmd; args alone
+    # replace only the cmd. The engines do the same when Entrypoint is given without Cmd.
+    if config.command:
+        body["Entrypoint"] = config.command
+        body["Cmd"] = config.args
+    elif config.args:
+        body["Cmd"] = config.args
+    if config.working_dir:
+        body["WorkingDir"] = config.working_dir
+    return body
+
+
+class LogDemuxer:
+    """The engine's multiplexed log stream (8-byte frame headers) as the bytes written, in order.
+
+    Fed chunks as they arrive: a frame may be split anywhere across chunks.
+    """
+
+    def __init__(self, tty: bool = False) -> None:
+        self._tty = tty
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> bytes:
+        if self._tty:
+            return data
+        self._buf += data
+        out = bytearray()
+        while len(self._buf) >= 8:
+            stream, size = struct.unpack(">BxxxL", self._buf[:8])
+            if stream not in (0, 1, 2):
+                # Not a multiplexed stream after all (a TTY container): pass it through.
+                self._tty = True
+                out += self._buf
+                self._buf.clear()
+                break
+            if len(self._buf) < 8 + size:
+                break
+            out += self._buf[8 : 8 + size]
+            del self._buf[: 8 + size]
+        return bytes(out)
+
+
+def tail_offset(data: bytes, lines: int) -> int:
+    """Where the last `lines` lines of `data` begin; a final newline ends the last line."""
+    if lines <= 0:
+        return len(data)
+    pos = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):
+        pos = data.rfind(b"\n", 0, pos)
+        if pos < 0:
+            return 0
+    return pos + 1
+
+
+_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    """An engine timestamp (RFC 3339 with nanoseconds); None for Go's zero time."""
+    if not text or text.startswith("0001-01-01"):
+        return None
+    cleaned = _FRACTION.sub(r"\1", text.strip()).replace("Z", "+00:00")
+    try:
+        parsed = datetime.fromisoformat(cleaned)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def run_state(status: str) -> ContainerRunState:
+    return _RUN_STATES.get(status.lower(), ContainerRunState.UNKNOWN)
+
+
+def normalize_endpoint(endpoint: str) -> str:
+    """The kubelet also accepted a bare socket path."""
+    if endpoint.startswith("/"):
+        return "unix://" + endpoint
+    return endpoint
+
+
+# --- what an inspect says ------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """One container (infra or not) as last inspected."""
+
+    id: str
+    kind: str
+    pod_uid: str
+    pod_name: str
+    pod_namespace: str
+    name: str
+    attempt: int
+    spec_hash: str
+    image: str
+    state: ContainerRunState
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    exit_code: int | None
+    engine_oom: bool
+    error: str
+    pid: int | None
+    ip: str | None
+    memory_limit: int
+    tty: bool
+    seq: int = 0  # when it was stored: a list older than that does not know it yet
+
+
+def parse_inspect(info: dict[str, Any], node_ip: str) -> Entry | None:
+    config = info.get("Config") or {}
+    labels: dict[str, str] = config.get("Labels") or {}
+    kind = labels.get(LABEL_TYPE)
+    uid = labels.get(LABEL_POD_UID)
+    if kind not in (TYPE_SANDBOX, TYPE_CONTAINER) or not uid:
+        return None
+    state_info = info.get("State") or {}
+    state = run_state(str(state_info.get("Status", "")))
+    host_config = info.get("HostConfig") or {}
+    try:
+        attempt = int(labels.get(LABEL_ATTEMPT, "0"))
+    except ValueError:
+        attempt = 0
+    pid = state_info.get("Pid")
+    exit_code = state_info.get("ExitCode")
+    return Entry(
+        id=str(info["Id"]),
+        kind=kind,
+        pod_uid=uid,
+        pod_name=labels.get(LABEL_POD_NAME, ""),
+        pod_namespace=labels.get(LABEL_POD_NAMESPACE, ""),
+        name=labels.get(LABEL_CONTAINER_NAME, SANDBOX_NAME if kind == TYPE_SANDBOX else ""),
+        attempt=attempt,
+        spec_hash=labels.get(LABEL_SPEC_HASH, ""),
+        image=str(config.get("Image") or info.get("Image") or ""),
+        state=state,
+        created_at=parse_time(info.get("Created")) or _now(),
+        started_at=parse_time(state_info.get("StartedAt")),
+        finished_at=(
+            (parse_time(state_info.get("FinishedAt")) or _now())
+            if state is ContainerRunState.EXITED
+            else None
+        ),
+        exit_code=(
+            int(exit_code)
+            if state is ContainerRunState.EXITED and isinstance(exit_code, int)
+            else None
+        ),
+        engine_oom=bool(state_info.get("OOMKilled")),
+        error=str(state_info.get("Error") or ""),
+        pid=int(pid)
+        if state is ContainerRunState.RUNNING and isinstance(pid, int) and pid > 0
+        else None,
+        ip=_ip_of(info, node_ip),
+        memory_limit=int(host_config.get("Memory") or 0),
+        tty=bool(config.get("Tty")),
+    )
+
+
+def _ip_of(info: dict[str, Any], node_ip: str) -> str | None:
+    if (info.get("HostConfig") or {}).get("NetworkMode") == "host":
+        return node_ip
+    settings = info.get("NetworkSettings") or {}
+    if settings.get("IPAddress"):
+        return str(settings["IPAddress"])
+    for network in (settings.get("Networks") or {}).values():
+        if network and network.get("IPAddress"):
+            return str(network["IPAddress"])
+    return None
+
+
+class EngineError(Exception):
+    """The engine answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"[{status}] {message}")
+        self.status = status
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        # Docker answers 409; Podman 4.3 answers 500 "... is already in use".
+        return self.status == 409 or "already in use" in self.message
