@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pykubelet import metrics
 from pykubelet.api.model import Pod, PodStatus
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 SYNC_TICK = 1.0
 HOUSEKEEPING_PERIOD = 2.0
+ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX = 0.1, 5.0
+T = TypeVar("T")
 
 
 def _count_request(method: str, path: str, code: int) -> None:
@@ -182,6 +185,7 @@ class Kubelet:
         stopped = asyncio.create_task(stop.wait())
         next_sync = loop.time() + SYNC_TICK
         next_housekeeping = loop.time() + HOUSEKEEPING_PERIOD
+        error_backoff = ERROR_BACKOFF_MIN
         try:
             while True:
                 self._last_loop_at = time.monotonic()
@@ -195,14 +199,14 @@ class Kubelet:
                 if stopped in done:
                     return
                 if config_get in done:
-                    self._handle_config(config_get.result())
+                    self._safely(self._handle_config, config_get.result())
                     while not self.pod_config.updates.empty():
-                        self._handle_config(self.pod_config.updates.get_nowait())
+                        self._safely(self._handle_config, self.pod_config.updates.get_nowait())
                     config_get = asyncio.create_task(self.pod_config.updates.get())
                 if pleg_get in done:
-                    self._handle_pleg(pleg_get.result())
+                    self._safely(self._handle_pleg, pleg_get.result())
                     while not self.pleg.events.empty():
-                        self._handle_pleg(self.pleg.events.get_nowait())
+                        self._safely(self._handle_pleg, self.pleg.events.get_nowait())
                     pleg_get = asyncio.create_task(self.pleg.events.get())
                 if probe_get in done:
                     # A probe result changed: readiness shows in the status, a failed liveness
@@ -221,12 +225,27 @@ class Kubelet:
                             self.workers.update_pod(UpdateType.SYNC, pod)
                     next_sync = now + SYNC_TICK
                 if now >= next_housekeeping:
+                    delay = HOUSEKEEPING_PERIOD
                     if self.pod_config.all_sources_ready():
-                        await self._housekeeping()
-                    next_housekeeping = loop.time() + HOUSEKEEPING_PERIOD
+                        try:
+                            await self._housekeeping()
+                            error_backoff = ERROR_BACKOFF_MIN
+                        except Exception:
+                            # A runtime that fails (an engine that went away) must not end the
+                            # loop, and with it every pod: back off, as the kubelet does.
+                            log.exception("housekeeping failed; retrying in %.1fs", error_backoff)
+                            delay = error_backoff
+                            error_backoff = min(error_backoff * 2, ERROR_BACKOFF_MAX)
+                    next_housekeeping = loop.time() + delay
         finally:
             for task in (config_get, pleg_get, probe_get, stopped):
                 task.cancel()
+
+    def _safely(self, handler: Callable[[T], None], item: T) -> None:
+        try:
+            handler(item)
+        except Exception:
+            log.exception("handling %r failed; the sync loop goes on", item)
 
     def _handle_config(self, update: PodUpdate) -> None:
         metrics.config_ops.labels(update.op.value).inc(len(update.pods))

@@ -74,6 +74,11 @@ def grace_seconds(pod: Pod | None, override: float | None) -> float:
     return max(grace, MIN_GRACE_SECONDS)
 
 
+def _backoff_key(pod: Pod, container: str, wanted_hash: str) -> str:
+    # As the kubelet's stable key: a changed spec (a fixed image) starts without the back-off.
+    return f"{pod.uid}/{container}/{wanted_hash}"
+
+
 def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
     field_path = f"spec.containers{{{container}}}" if container else ""
     return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
@@ -211,9 +216,9 @@ class PodSync:
         policy: str,
         state: _Pass,
     ) -> None:
-        key = f"{pod.uid}/{spec.name}"
         latest = history[-1] if history else None
         wanted_hash = spec_hash(spec)
+        key = _backoff_key(pod, spec.name, wanted_hash)
         if latest is None:
             await self._start(pod, sandbox, spec, 0, wanted_hash, state)
             return
@@ -260,7 +265,6 @@ class PodSync:
                 _pod_ref(pod, spec.name),
             )
             return
-        self.backoff.record_start(key)
         if await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state):
             await self._collect_dead(history)
 
@@ -273,7 +277,7 @@ class PodSync:
         wanted_hash: str,
         state: _Pass,
     ) -> bool:
-        key = f"{pod.uid}/{spec.name}"
+        key = _backoff_key(pod, spec.name, wanted_hash)
         failure = self._start_failures.get(key)
         if failure is not None:
             remaining = self.backoff.remaining(key, failure[0])
@@ -313,6 +317,10 @@ class PodSync:
             state.requeue.append(self.backoff.delay_of(key))
             self.recorder.record("Warning", "Failed", f"Error: {exc.message}", ref)
             return False
+        if attempt > 0 and failure is None:
+            # A restart (not the first start, nor a retry after a failed start, which was
+            # counted when it failed): the next crash waits longer.
+            self.backoff.record_start(key)
         self._start_failures.pop(key, None)
         self.recorder.record("Normal", "Started", f"Started container {spec.name}", ref)
         hook = spec.lifecycle.post_start if spec.lifecycle else None
@@ -385,7 +393,15 @@ class PodSync:
                 self.recorder.record(
                     "Normal", "Killing", f"Stopping container {c.name}", _pod_ref(pod, c.name)
                 )
-        await asyncio.gather(*(self._stop(pod, specs.get(c.name), c, seconds) for c in running))
+        results = await asyncio.gather(
+            *(self._stop(pod, specs.get(c.name), c, seconds) for c in running),
+            return_exceptions=True,
+        )
+        # Every stop runs to its end before a failure is raised: the retry must not stop (and
+        # run preStop for) containers that are still stopping.
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         if pod is not None:
             self._refresh_status(pod, await self.runtime.get_pod(uid))
         for listener in self.terminated_listeners:

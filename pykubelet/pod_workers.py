@@ -122,6 +122,8 @@ class PodWorkers:
         if update is UpdateType.KILL:
             worker.kill_requested = True
             worker.removed = worker.removed or removed
+            if removed:
+                worker.restart_requested = False  # removed again: the re-add is void
             if grace is not None:
                 worker.kill_grace = (
                     grace if worker.kill_grace is None else min(worker.kill_grace, grace)

@@ -162,9 +162,12 @@ class ProbeManager:
                     # The startup probe gates the others.
                     await asyncio.sleep(probe.period_seconds)
                     continue
-                ok, message = await self._runner.run(
-                    action, pod, spec, instance, pod_ip, probe.timeout_seconds
-                )
+                try:
+                    ok, message = await self._runner.run(
+                        action, pod, spec, instance, pod_ip, probe.timeout_seconds
+                    )
+                except Exception as exc:  # a probe must fail, not end, on a surprise
+                    ok, message = False, f"{type(exc).__name__}: {exc}"
                 if ok:
                     successes, failures = successes + 1, 0
                 else:

@@ -11,6 +11,7 @@ GET /metrics                                Prometheus metrics
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -204,15 +205,18 @@ async def _stream_log(
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
     await response.prepare(request)
-    async for chunk in runtime.follow_log(container, tail_lines):
-        await response.write(chunk)
+    async with contextlib.aclosing(runtime.follow_log(container, tail_lines)) as chunks:
+        async for chunk in chunks:
+            await response.write(chunk)
     await response.write_eof()
     return response
 
 
 class ReadOnlyServer:
     def __init__(self, app: web.Application, address: str, port: int) -> None:
-        self._runner = web.AppRunner(app, access_log=None)
+        # handler_cancellation: a `logs -f` client that goes away ends its handler (and the
+        # follow loop), instead of leaving it polling the log forever.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         self._address = address
         self._port = port
         self.url = ""

@@ -260,6 +260,10 @@ class FileSource:
                 name = str(event.name) if event.name is not None else ""
                 if only is not None and name != only:
                     continue
+                if only is not None and (target / only).is_dir():
+                    # The manifest directory appeared: watch it, not its parent.
+                    self._dirty.set()
+                    return
                 if only is None and not is_manifest_name(name):
                     continue
                 if event.mask & Mask.CREATE and _is_empty_regular_file(target / name):

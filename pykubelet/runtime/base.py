@@ -6,7 +6,7 @@ A backend (host processes, the Docker Engine API, ...) implements `Runtime`. Eve
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -171,7 +171,7 @@ class Runtime(Protocol):
 
     def follow_log(
         self, container: RuntimeContainer, tail_lines: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The log so far (or its last `tail_lines` lines), then what is written, until the
         container has exited and everything it wrote was yielded."""
         ...

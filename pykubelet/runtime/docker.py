@@ -31,7 +31,7 @@ import logging
 import math
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -259,7 +259,7 @@ class DockerRuntime:
 
     async def follow_log(
         self, container: RuntimeContainer, tail_lines: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The engine follows the log. It should end the stream when the container exits, but
         Podman 4.3 may keep one of two concurrent followers open forever: so once the container
         is known to have exited, a pause in the data ends it too."""

@@ -67,6 +67,7 @@ async def run_command(
     loop.add_reader(read_fd, on_output)
     loop.add_reader(pidfd, on_exit)
     code: int | None = None
+    reaped = False
     try:
         try:
             async with asyncio.timeout(timeout_seconds):
@@ -79,6 +80,7 @@ async def run_command(
             code = -1
         # The pidfd said it exited: this reaps at once.
         status = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)  # noqa: ASYNC222
+        reaped = True
         if code is not None and status is not None:
             code = status.si_status if status.si_code == os.CLD_EXITED else 128 + status.si_status
         # Children of the command may still hold the pipe: give them a moment, not forever.
@@ -91,5 +93,17 @@ async def run_command(
         loop.remove_reader(read_fd)
         loop.remove_reader(pidfd)
         os.close(read_fd)
-        os.close(pidfd)
+        if reaped:
+            os.close(pidfd)
+        else:
+            # Cancelled (a probe stopped, a hook timed out): reap the killed child once it is
+            # gone, or it would stay a zombie.
+            loop.add_reader(pidfd, _reap_and_close, loop, pidfd)
     return ExecResult(code, bytes(output))
+
+
+def _reap_and_close(loop: asyncio.AbstractEventLoop, pidfd: int) -> None:
+    loop.remove_reader(pidfd)
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
+    os.close(pidfd)

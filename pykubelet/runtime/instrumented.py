@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
 from pykubelet import metrics
@@ -96,6 +96,6 @@ class InstrumentedRuntime:
 
     def follow_log(
         self, container: RuntimeContainer, tail_lines: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         metrics.runtime_operations.labels("follow_log").inc()
         return self.inner.follow_log(container, tail_lines)

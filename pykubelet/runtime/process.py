@@ -28,7 +28,7 @@ import shutil
 import signal
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -451,7 +451,7 @@ class ProcessRuntime:
 
     async def follow_log(
         self, container: RuntimeContainer, tail_lines: int | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The process writes straight to its file, so following is polling the file's end."""
         path = self.log_path(container)
         rec = self._find(container)

@@ -139,3 +139,20 @@ async def test_directory_created_later_is_picked_up(tmp_path: Path) -> None:
         assert names(update.pods) == ["a-n1"]
     finally:
         task.cancel()
+
+
+async def test_directory_created_later_is_watched_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "later"
+    updates: asyncio.Queue[PodUpdate] = asyncio.Queue()
+    source = FileSource(path, "n1", 3600.0, updates.put_nowait, EventRecorder())  # no re-list
+    task = asyncio.create_task(source.run())
+    try:
+        assert (await asyncio.wait_for(updates.get(), 5)).pods == []
+        await asyncio.sleep(0.1)
+        path.mkdir()
+        await asyncio.sleep(0.2)  # the watch moves to the new directory
+        (path / "a.yaml").write_text(manifest("a"))
+        update = await asyncio.wait_for(updates.get(), 2)
+        assert names(update.pods) == ["a-n1"]
+    finally:
+        task.cancel()

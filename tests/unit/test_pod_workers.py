@@ -174,3 +174,16 @@ async def test_readded_after_removal_finished_starts_again() -> None:
     await settle(workers, 0.2)
     assert [c[0] for c in syncer.calls] == ["sync", "terminating", "terminated", "sync"]
     assert workers.state_of("u1") is WorkerState.SYNCING
+
+
+async def test_removed_readded_removed_stays_removed() -> None:
+    syncer = RecordingSyncer(delay=0.05)
+    workers = PodWorkers(syncer, resync_seconds=60)
+    pod = make_pod("a", "u1")
+    workers.update_pod(UpdateType.CREATE, pod)
+    await settle(workers, 0.1)
+    workers.update_pod(UpdateType.KILL, pod, removed=True)
+    workers.update_pod(UpdateType.CREATE, pod)
+    workers.update_pod(UpdateType.KILL, pod, removed=True)
+    await settle(workers, 0.5)
+    assert [c[0] for c in syncer.calls] == ["sync", "terminating", "terminated"]

@@ -1,0 +1,76 @@
+"""One pod's sync against the real process runtime: restart policy, back-off, spec changes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pykubelet.api.model import Pod
+from pykubelet.events import EventRecorder
+from pykubelet.handlers import ActionRunner
+from pykubelet.pod_sync import PodSync
+from pykubelet.pod_workers import UpdateType
+from pykubelet.prober import ProbeManager
+from pykubelet.runtime.base import ContainerRunState
+from pykubelet.runtime.process import ProcessRuntime
+from pykubelet.status import StatusManager
+
+
+def pod(script: str) -> Pod:
+    return Pod.model_validate(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default", "uid": "uid-sync"},
+            "spec": {
+                "containers": [{"name": "c", "image": "i", "command": ["/bin/sh", "-c", script]}]
+            },
+        }
+    )
+
+
+async def exited(runtime: ProcessRuntime, attempt: int) -> None:
+    for _ in range(200):
+        rp = await runtime.get_pod("uid-sync")
+        if rp and any(
+            c.attempt == attempt and c.state is ContainerRunState.EXITED for c in rp.containers
+        ):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"attempt {attempt} did not exit")
+
+
+async def test_crash_loop_then_a_fixed_spec_starts_at_once(tmp_path: Path) -> None:
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    recorder = EventRecorder()
+    actions = ActionRunner(runtime, "127.0.0.1")
+    statuses = StatusManager()
+    sync = PodSync(
+        runtime, statuses, recorder, "127.0.0.1", actions, ProbeManager(actions, recorder, print)
+    )
+    try:
+        crashing = pod("exit 1")
+        await sync.sync_pod(UpdateType.CREATE, crashing)
+        await exited(runtime, 0)
+        await sync.sync_pod(UpdateType.SYNC, crashing)  # the first restart is immediate
+        await exited(runtime, 1)
+        result = await sync.sync_pod(UpdateType.SYNC, crashing)
+        status = statuses.get("uid-sync")
+        assert status is not None and status.container_statuses is not None
+        waiting = status.container_statuses[0].state.waiting
+        assert waiting is not None and waiting.reason == "CrashLoopBackOff"
+        assert result.requeue_after is not None and 9 < result.requeue_after <= 10
+
+        # The spec is fixed (an API pod keeps its UID): no back-off for the new spec.
+        fixed = pod("sleep 30")
+        await sync.sync_pod(UpdateType.UPDATE, fixed)
+        rp = await runtime.get_pod("uid-sync")
+        assert rp is not None
+        running = [c for c in rp.containers if c.state is ContainerRunState.RUNNING]
+        assert [c.attempt for c in running] == [2]
+    finally:
+        await sync.sync_terminating_pod("uid-sync", None, 2)
+        await runtime.remove_pod("uid-sync")
+        await runtime.close()
+        await actions.close()
