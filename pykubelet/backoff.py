@@ -53,6 +53,6 @@ class Backoff:
         entry = self._entries.get(key)
         return entry.delay if entry else 0.0
 
-    def forget_prefix(self, prefix: str) -> None:
-        for key in [k for k in self._entries if k.startswith(prefix)]:
-            del self._entries[key]
+    def forget(self, keys: set[str]) -> None:
+        for key in keys:
+            self._entries.pop(key, None)

@@ -77,6 +77,7 @@ class Kubelet:
         self.pods: dict[str, Pod] = {}  # the desired pods (the kubelet's pod manager), by UID
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
         self._rejected: set[str] = set()  # pods admission turned away (phase Failed)
+        self._capacity_used = 0  # during one batch of additions
         self._workers: PodWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.server: ReadOnlyServer | None = None
@@ -261,6 +262,11 @@ class Kubelet:
                     self.pods[pod.uid] = pod
 
     def _handle_additions(self, pods: list[Pod]) -> None:
+        # Counted once per batch, then kept up to date: 1,000 additions stay linear.
+        new = {pod.uid for pod in pods}
+        self._capacity_used = sum(
+            1 for uid in self.pods if uid not in new and self._uses_capacity(uid)
+        )
         for pod in sorted(pods, key=_creation_key):
             self._remember(pod)
             if pod.metadata.deletion_timestamp is not None:
@@ -284,9 +290,10 @@ class Kubelet:
 
     def _admit(self, pod: Pod) -> bool:
         """The kubelet's pod admission: a node runs at most --max-pods non-terminal pods."""
-        used = sum(1 for uid in self.pods if uid != pod.uid and self._uses_capacity(uid))
+        used = self._capacity_used
         capacity = self.options.max_pods
         if used < capacity:
+            self._capacity_used += 1
             return True
         message = (
             "Pod was rejected: Node didn't have enough resource: pods, "

@@ -74,11 +74,6 @@ def grace_seconds(pod: Pod | None, override: float | None) -> float:
     return max(grace, MIN_GRACE_SECONDS)
 
 
-def _backoff_key(pod: Pod, container: str, wanted_hash: str) -> str:
-    # As the kubelet's stable key: a changed spec (a fixed image) starts without the back-off.
-    return f"{pod.uid}/{container}/{wanted_hash}"
-
-
 def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
     field_path = f"spec.containers{{{container}}}" if container else ""
     return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
@@ -112,6 +107,7 @@ class PodSync:
         self.prober = prober
         self.backoff = Backoff(time.time)
         self._start_failures: dict[str, tuple[float, Waiting]] = {}
+        self._keys_of_pod: dict[str, set[str]] = {}  # uid -> its back-off keys, to forget them
         self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
         # Called once a pod's containers are all stopped (e.g. for the API's final delete).
         self.terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
@@ -218,7 +214,7 @@ class PodSync:
     ) -> None:
         latest = history[-1] if history else None
         wanted_hash = spec_hash(spec)
-        key = _backoff_key(pod, spec.name, wanted_hash)
+        key = self._backoff_key(pod, spec.name, wanted_hash)
         if latest is None:
             await self._start(pod, sandbox, spec, 0, wanted_hash, state)
             return
@@ -277,7 +273,7 @@ class PodSync:
         wanted_hash: str,
         state: _Pass,
     ) -> bool:
-        key = _backoff_key(pod, spec.name, wanted_hash)
+        key = self._backoff_key(pod, spec.name, wanted_hash)
         failure = self._start_failures.get(key)
         if failure is not None:
             remaining = self.backoff.remaining(key, failure[0])
@@ -364,6 +360,12 @@ class PodSync:
             seconds = max(seconds - (time.monotonic() - started), MIN_GRACE_SECONDS)
         await self.runtime.stop_container(c, seconds)
 
+    def _backoff_key(self, pod: Pod, container: str, wanted_hash: str) -> str:
+        # As the kubelet's stable key: a changed spec (a fixed image) starts without back-off.
+        key = f"{pod.uid}/{container}/{wanted_hash}"
+        self._keys_of_pod.setdefault(pod.uid, set()).add(key)
+        return key
+
     async def _collect_dead(self, history: list[RuntimeContainer]) -> None:
         """Keep one dead instance per container (its lastState and `--previous` log)."""
         for c in history[:-1]:
@@ -413,9 +415,10 @@ class PodSync:
             await self.runtime.remove_pod(uid)
             self.statuses.forget(uid)
             self._first_seen.pop(uid, None)
-            self.backoff.forget_prefix(f"{uid}/")
-            for key in [k for k in self._start_failures if k.startswith(f"{uid}/")]:
-                del self._start_failures[key]
+            keys = self._keys_of_pod.pop(uid, set())
+            self.backoff.forget(keys)
+            for key in keys:
+                self._start_failures.pop(key, None)
 
     def on_waiting_for_name(self, pod: Pod, holder_uid: str) -> None:
         log.info(

@@ -55,6 +55,7 @@ class ProbeManager:
         self._recorder = recorder
         self._on_change = on_change
         self._workers: dict[tuple[str, str, str], _Worker] = {}
+        self._by_pod: dict[str, set[tuple[str, str, str]]] = {}  # a pod's keys: no full scans
 
     # --- what the pod sync asks --------------------------------------------------------------
 
@@ -112,15 +113,21 @@ class ProbeManager:
                     name=f"probe-{kind}-{spec.name}-{pod.uid[:8]}",
                 )
                 self._workers[key] = worker
-        for key in [k for k in self._workers if k[0] == pod.uid and k not in wanted]:
+                self._by_pod.setdefault(pod.uid, set()).add(key)
+        for key in self._by_pod.get(pod.uid, set()) - wanted:
             self._stop(key)
 
     def remove_pod(self, uid: str) -> None:
-        for key in [k for k in self._workers if k[0] == uid]:
+        for key in list(self._by_pod.get(uid, ())):
             self._stop(key)
 
     def _stop(self, key: tuple[str, str, str]) -> None:
         worker = self._workers.pop(key)
+        keys = self._by_pod.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_pod[key[0]]
         if worker.task is not None:
             worker.task.cancel()
 
@@ -130,6 +137,7 @@ class ProbeManager:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._workers.clear()
+        self._by_pod.clear()
         await self._runner.close()
 
     # --- one probe -----------------------------------------------------------------------------

@@ -35,9 +35,9 @@ def test_reset_after_ten_minutes_of_running() -> None:
     assert b.delay_of("k") == 10
 
 
-def test_forget_prefix() -> None:
+def test_forget() -> None:
     b = Backoff(Clock())
     b.record_start("uid1/a")
     b.record_start("uid2/a")
-    b.forget_prefix("uid1/")
+    b.forget({"uid1/a"})
     assert b.delay_of("uid1/a") == 0 and b.delay_of("uid2/a") == 10
