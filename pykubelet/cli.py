@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import resource
 import signal
 import socket
@@ -290,8 +291,19 @@ async def run_agent(opts: Options) -> int:
     # hundreds of containers start or stop at once (measured: bench/profile.py).
     loop.set_default_executor(ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="io"))
     stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("%s: stopping (a second signal exits at once)", sig.name)
+            stop.set()
+            return
+        # The pods that still run keep running; the next agent adopts them.
+        log.warning("%s again: exiting now, without waiting for the pods to stop", sig.name)
+        logging.shutdown()
+        os._exit(128 + sig.value)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     host_ip = opts.node_ip if opts.node_ip else await asyncio.to_thread(detect_host_ip)
     try:
         opts.root_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -7,7 +7,6 @@ import hashlib
 import json
 import signal
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from tests.integration.agent import (
     wait_for,
     write_pod,
 )
+from tests.tls import make_tls
 
 CHECK = ["--http-check-frequency", "1s"]
 
@@ -316,28 +316,6 @@ def test_no_garbage_collection_until_the_url_answers(
 
     server.serve(b"")
     wait_for("orphan collected once the URL answered", lambda: not pid_alive(pid), timeout=15)
-
-
-def make_tls(directory: Path) -> tuple[Path, Path, Path]:
-    """A private CA and a certificate it signed for 127.0.0.1: (ca.pem, server.pem, server.key)."""
-    ca_key, ca, key, csr, cert, ext = (
-        directory / n for n in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem", "x")
-    )
-    ext.write_text(
-        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
-    )
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    ca_ext = ["-addext", "basicConstraints=critical,CA:TRUE"]
-    ca_ext += ["-addext", "keyUsage=critical,keyCertSign,cRLSign"]
-    sign = ["-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-extfile", ext]
-    for args in (
-        ["req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-subj", "/CN=pykubelet CA", *ca_ext],
-        ["req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"],
-        ["x509", "-req", "-in", csr, "-out", cert, "-days", "2", *sign],
-    ):
-        subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-    return ca, cert, key
 
 
 def test_https_with_a_private_ca(start_agent, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

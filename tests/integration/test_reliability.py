@@ -134,3 +134,38 @@ def test_corrupt_state_file_is_reported_and_rebuilt(
     running = sleeps()
     assert list(running) == [marker(50, 0)] and len(running[marker(50, 0)]) == 1, running
     assert "corrupt" in agent.log()
+
+
+def test_second_signal_exits_at_once_and_pods_are_adopted(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "stubborn"},
+        "spec": {
+            "terminationGracePeriodSeconds": 60,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    # Ignores SIGTERM: a clean stop would wait its whole minute.
+                    "command": ["/bin/sh", "-c", f"trap '' TERM; sleep {marker(60, 0)}; : x"],
+                }
+            ],
+        },
+    }
+    (manifests / "stubborn.json").write_text(json.dumps(doc))
+    agent = start_agent()
+    wait_for("running", lambda: _running(agent) and sleeps().get(marker(60, 0)))
+    assert agent.proc is not None
+    agent.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert agent.stop(signal.SIGTERM, timeout=10) == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 5
+    assert sleeps().get(marker(60, 0)), "the pod keeps running"
+    again = start_agent()
+    wait_for("adopted", lambda: _running(again))
+    assert len(sleeps()[marker(60, 0)]) == 1
+    again.stop(signal.SIGKILL)  # leave the minute-long stop to the cleanup below
+    for pid in sleeps().get(marker(60, 0), []):
+        os.kill(pid, signal.SIGKILL)
