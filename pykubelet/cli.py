@@ -220,9 +220,11 @@ def parse_options(argv: Sequence[str]) -> Options:
     ns = parser.parse_args(argv)
     opts = Options(
         node_name=ns.node_name or default_node_name(),
-        pod_manifest_path=ns.pod_manifest_path,
+        # Absolute: processes start in directories under the root, and a manifest's path is
+        # part of its pod's UID, which must not depend on where the agent was started.
+        pod_manifest_path=ns.pod_manifest_path.absolute() if ns.pod_manifest_path else None,
         file_check_frequency=ns.file_check_frequency,
-        root_dir=ns.root_dir,
+        root_dir=ns.root_dir.absolute(),
         container_runtime=ns.container_runtime,
         address=ns.address,
         read_only_port=ns.read_only_port,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -186,3 +187,40 @@ def test_bad_config_file_names_field(tmp_path: Path) -> None:
     assert f"{config}: staticPodPaht: unknown field" in err
     assert f"{config}: syncFrequency: invalid duration 'soon'" in err
     assert f"{config}: podPidsLimit: not supported by pykubelet yet" in err
+
+
+def test_relative_paths_as_make_run_passes_them(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    write_pod(tmp_path / "m", "rel", pod_yaml("rel", "echo in $$(pwd); sleep 600"))
+    log = tmp_path / "agent.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pykubelet",
+                "--pod-manifest-path",
+                "m",
+                "--root-dir",
+                "r",
+                "--read-only-port",
+                "0",
+                "--node-name",
+                NODE,
+            ],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        agent = Agent(tmp_path / "m", tmp_path / "r", log, [])
+        agent.proc = proc
+        match = wait_for(
+            "URL", lambda: re.search(r"read-only API at (http://\S+)", log.read_text())
+        )
+        agent.url = match.group(1)
+        wait_for("running", lambda: "running" in container_state(agent.pod("rel"))["state"])
+        assert agent.logs("rel", "main").startswith(f"in {tmp_path}/r/")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
