@@ -16,7 +16,9 @@ from collections.abc import Awaitable, Callable
 
 from pykubelet import metrics
 from pykubelet.api.model import Container, Pod
+from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.backoff import Backoff
+from pykubelet.config.types import API_SOURCE
 from pykubelet.envvars import container_env, expand
 from pykubelet.events import EventRecorder, ObjectRef
 from pykubelet.handlers import ActionRunner
@@ -435,7 +437,20 @@ class PodSync:
         initialized = any(
             c.type == "Initialized" and c.status == "True" for c in previous.conditions
         )
-        self.statuses.set(
-            pod.uid,
-            compute_pod_status(pod, runtime_pod, {}, previous, self.host_ip, initialized),
-        )
+        status = compute_pod_status(pod, runtime_pod, {}, previous, self.host_ip, initialized)
+        if (
+            pod.metadata.deletion_timestamp is not None
+            and pod.metadata.annotations.get(CONFIG_SOURCE) == API_SOURCE
+            and status.phase not in TERMINAL_PHASES
+        ):
+            # As kubelets since 1.27: a deleted API pod whose containers are all stopped ends
+            # in a terminal phase (Succeeded only if every container exited 0), and that is the
+            # status the API server sees before the final delete.
+            codes = [
+                c.state.terminated.exit_code
+                for c in status.container_statuses or []
+                if c.state.terminated is not None
+            ]
+            done = bool(codes) and len(codes) == len(pod.spec.containers)
+            status.phase = "Succeeded" if done and all(code == 0 for code in codes) else "Failed"
+        self.statuses.set(pod.uid, status)

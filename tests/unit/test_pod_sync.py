@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pykubelet.api.model import Pod
@@ -72,5 +73,39 @@ async def test_crash_loop_then_a_fixed_spec_starts_at_once(tmp_path: Path) -> No
     finally:
         await sync.sync_terminating_pod("uid-sync", None, 2)
         await runtime.remove_pod("uid-sync")
+        await runtime.close()
+        await actions.close()
+
+
+async def test_deleted_api_pod_ends_in_a_terminal_phase(tmp_path: Path) -> None:
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    recorder = EventRecorder()
+    actions = ActionRunner(runtime, "127.0.0.1")
+    statuses = StatusManager()
+    sync = PodSync(
+        runtime, statuses, recorder, "127.0.0.1", actions, ProbeManager(actions, recorder, print)
+    )
+    try:
+        api_pod = pod("sleep 30")
+        api_pod.metadata.annotations["kubernetes.io/config.source"] = "api"
+        await sync.sync_pod(UpdateType.CREATE, api_pod)
+        running = statuses.get("uid-sync")
+        assert running is not None and running.phase == "Running"
+        deleted = api_pod.model_copy(deep=True)
+        deleted.metadata.deletion_timestamp = datetime.now(UTC)
+        await sync.sync_terminating_pod("uid-sync", deleted, 2)
+        final = statuses.get("uid-sync")
+        assert final is not None and final.phase == "Failed"  # killed: exit 143, not 0
+        # A static pod (not from the API) keeps the kubelet's usual phase.
+        static = pod("sleep 30")
+        static.metadata.uid = "uid-static"
+        await sync.sync_pod(UpdateType.CREATE, static)
+        static.metadata.deletion_timestamp = datetime.now(UTC)
+        await sync.sync_terminating_pod("uid-static", static, 2)
+        assert statuses.get("uid-static").phase == "Running"  # type: ignore[union-attr]
+    finally:
+        for uid in ("uid-sync", "uid-static"):
+            await runtime.remove_pod(uid)
         await runtime.close()
         await actions.close()
