@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import latency, merger, steady
+from bench import latency, merger, podman, steady
 
 RESULTS = Path(__file__).with_name("results.json")
 
@@ -40,7 +40,7 @@ def machine() -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="smaller N and shorter windows")
-    parser.add_argument("--only", default="latency,merger,steady")
+    parser.add_argument("--only", default="latency,merger,steady,podman")
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict[str, Any] = {"machine": machine()}
@@ -82,6 +82,18 @@ def main() -> int:
                 f"{1000 * r['pods_endpoint_seconds']['p50']:.1f} ms",
                 flush=True,
             )
+    if "podman" in only:
+        n = 20 if args.quick else 100
+        r = podman.run(n)
+        results["docker_vs_kube_play"] = r
+        s = r["pykubelet_docker"]["start"]
+        print(
+            f"docker n={n}: podman kube play {r['podman_kube_play']['per_pod_seconds']:.3f}s per "
+            f"pod; pykubelet {r['pykubelet_per_pod_seconds']:.3f}s per pod (ratio "
+            f"{r['ratio_to_kube_play']}), start p99 {s['agent_observed']['p99']:.2f}s, all "
+            f"running {s['all_running_seconds']:.1f}s",
+            flush=True,
+        )
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0

@@ -21,10 +21,18 @@ from tests.integration.agent import Agent
 class Scenario:
     n: int
     run_id: str
+    image: str = "busybox"
+    # In a container the command is PID 1, which ignores SIGTERM unless it handles it.
+    handles_term: bool = False
 
     def marker(self, i: int) -> str:
         # GNU sleep takes a fraction: every pod gets its own command line to look for in /proc.
         return f"3600.{self.run_id}{i:05d}"
+
+    def command(self, i: int) -> list[str]:
+        if self.handles_term:
+            return ["/bin/sh", "-c", f"trap 'exit 0' TERM; sleep {self.marker(i)} & wait"]
+        return ["sleep", self.marker(i)]
 
     def manifest(self, i: int, version: int) -> str:
         return json.dumps(
@@ -37,8 +45,8 @@ class Scenario:
                     "containers": [
                         {
                             "name": "main",
-                            "image": "busybox",
-                            "command": ["sleep", self.marker(i)],
+                            "image": self.image,
+                            "command": self.command(i),
                             "env": [{"name": "VERSION", "value": str(version)}],
                         }
                     ],
@@ -120,12 +128,14 @@ def run(
     extra: list[str] | None = None,
     timeout: float = 120.0,
     on_start: Callable[[Agent], None] | None = None,
+    image: str = "busybox",
+    handles_term: bool = False,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pykubelet-bench-") as tmp:
         base = Path(tmp)
         manifests = base / "manifests"
         manifests.mkdir()
-        scenario = Scenario(n, run_id=str(os.getpid() % 1000).zfill(3))
+        scenario = Scenario(n, str(os.getpid() % 1000).zfill(3), image, handles_term)
         agent = Agent(
             manifests,
             base / "root",
