@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+import pytest
 
 from pykubelet.api.model import Pod
 from pykubelet.events import EventRecorder
@@ -30,6 +34,31 @@ def pod(script: str) -> Pod:
     )
 
 
+@dataclass
+class Node:
+    runtime: ProcessRuntime
+    sync: PodSync
+    statuses: StatusManager
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    """A pod sync over a real process runtime; removes whatever the test left running."""
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    recorder = EventRecorder()
+    actions = ActionRunner(runtime, "127.0.0.1")
+    statuses = StatusManager()
+    sync = PodSync(
+        runtime, statuses, recorder, "127.0.0.1", actions, ProbeManager(actions, recorder, print)
+    )
+    yield Node(runtime, sync, statuses)
+    for runtime_pod in await runtime.list_pods():
+        await runtime.remove_pod(runtime_pod.uid)
+    await runtime.close()
+    await actions.close()
+
+
 async def exited(runtime: ProcessRuntime, attempt: int) -> None:
     for _ in range(200):
         rp = await runtime.get_pod("uid-sync")
@@ -41,71 +70,45 @@ async def exited(runtime: ProcessRuntime, attempt: int) -> None:
     raise AssertionError(f"attempt {attempt} did not exit")
 
 
-async def test_crash_loop_then_a_fixed_spec_starts_at_once(tmp_path: Path) -> None:
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
-    recorder = EventRecorder()
-    actions = ActionRunner(runtime, "127.0.0.1")
-    statuses = StatusManager()
-    sync = PodSync(
-        runtime, statuses, recorder, "127.0.0.1", actions, ProbeManager(actions, recorder, print)
-    )
-    try:
-        crashing = pod("exit 1")
-        await sync.sync_pod(UpdateType.CREATE, crashing)
-        await exited(runtime, 0)
-        await sync.sync_pod(UpdateType.SYNC, crashing)  # the first restart is immediate
-        await exited(runtime, 1)
-        result = await sync.sync_pod(UpdateType.SYNC, crashing)
-        status = statuses.get("uid-sync")
-        assert status is not None and status.container_statuses is not None
-        waiting = status.container_statuses[0].state.waiting
-        assert waiting is not None and waiting.reason == "CrashLoopBackOff"
-        assert result.requeue_after is not None and 9 < result.requeue_after <= 10
+async def test_crash_loop_then_a_fixed_spec_starts_at_once(node: Node) -> None:
+    runtime, sync, statuses = node.runtime, node.sync, node.statuses
+    crashing = pod("exit 1")
+    await sync.sync_pod(UpdateType.CREATE, crashing)
+    await exited(runtime, 0)
+    await sync.sync_pod(UpdateType.SYNC, crashing)  # the first restart is immediate
+    await exited(runtime, 1)
+    result = await sync.sync_pod(UpdateType.SYNC, crashing)
+    status = statuses.get("uid-sync")
+    assert status is not None and status.container_statuses is not None
+    waiting = status.container_statuses[0].state.waiting
+    assert waiting is not None and waiting.reason == "CrashLoopBackOff"
+    assert result.requeue_after is not None and 9 < result.requeue_after <= 10
 
-        # The spec is fixed (an API pod keeps its UID): no back-off for the new spec.
-        fixed = pod("sleep 30")
-        await sync.sync_pod(UpdateType.UPDATE, fixed)
-        rp = await runtime.get_pod("uid-sync")
-        assert rp is not None
-        running = [c for c in rp.containers if c.state is ContainerRunState.RUNNING]
-        assert [c.attempt for c in running] == [2]
-    finally:
-        await sync.sync_terminating_pod("uid-sync", None, 2)
-        await runtime.remove_pod("uid-sync")
-        await runtime.close()
-        await actions.close()
+    # The spec is fixed (an API pod keeps its UID): no back-off for the new spec.
+    fixed = pod("sleep 30")
+    await sync.sync_pod(UpdateType.UPDATE, fixed)
+    rp = await runtime.get_pod("uid-sync")
+    assert rp is not None
+    running = [c for c in rp.containers if c.state is ContainerRunState.RUNNING]
+    assert [c.attempt for c in running] == [2]
 
 
-async def test_deleted_api_pod_ends_in_a_terminal_phase(tmp_path: Path) -> None:
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
-    recorder = EventRecorder()
-    actions = ActionRunner(runtime, "127.0.0.1")
-    statuses = StatusManager()
-    sync = PodSync(
-        runtime, statuses, recorder, "127.0.0.1", actions, ProbeManager(actions, recorder, print)
-    )
-    try:
-        api_pod = pod("sleep 30")
-        api_pod.metadata.annotations["kubernetes.io/config.source"] = "api"
-        await sync.sync_pod(UpdateType.CREATE, api_pod)
-        running = statuses.get("uid-sync")
-        assert running is not None and running.phase == "Running"
-        deleted = api_pod.model_copy(deep=True)
-        deleted.metadata.deletion_timestamp = datetime.now(UTC)
-        await sync.sync_terminating_pod("uid-sync", deleted, 2)
-        final = statuses.get("uid-sync")
-        assert final is not None and final.phase == "Failed"  # killed: exit 143, not 0
-        # A static pod (not from the API) keeps the kubelet's usual phase.
-        static = pod("sleep 30")
-        static.metadata.uid = "uid-static"
-        await sync.sync_pod(UpdateType.CREATE, static)
-        static.metadata.deletion_timestamp = datetime.now(UTC)
-        await sync.sync_terminating_pod("uid-static", static, 2)
-        assert statuses.get("uid-static").phase == "Running"  # type: ignore[union-attr]
-    finally:
-        for uid in ("uid-sync", "uid-static"):
-            await runtime.remove_pod(uid)
-        await runtime.close()
-        await actions.close()
+async def test_deleted_api_pod_ends_in_a_terminal_phase(node: Node) -> None:
+    sync, statuses = node.sync, node.statuses
+    api_pod = pod("sleep 30")
+    api_pod.metadata.annotations["kubernetes.io/config.source"] = "api"
+    await sync.sync_pod(UpdateType.CREATE, api_pod)
+    running = statuses.get("uid-sync")
+    assert running is not None and running.phase == "Running"
+    deleted = api_pod.model_copy(deep=True)
+    deleted.metadata.deletion_timestamp = datetime.now(UTC)
+    await sync.sync_terminating_pod("uid-sync", deleted, 2)
+    final = statuses.get("uid-sync")
+    assert final is not None and final.phase == "Failed"  # killed: exit 143, not 0
+    # A static pod (not from the API) keeps the kubelet's usual phase.
+    static = pod("sleep 30")
+    static.metadata.uid = "uid-static"
+    await sync.sync_pod(UpdateType.CREATE, static)
+    static.metadata.deletion_timestamp = datetime.now(UTC)
+    await sync.sync_terminating_pod("uid-static", static, 2)
+    assert statuses.get("uid-static").phase == "Running"  # type: ignore[union-attr]
