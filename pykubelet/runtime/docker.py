@@ -31,7 +31,15 @@ import logging
 import math
 import os
 import signal
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+)
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -853,10 +861,11 @@ class DockerRuntime:
             raise RuntimeFailure("the docker runtime is not started")
         return self._client
 
-    async def _call(self, call: Callable[[aiodocker.Docker], Awaitable[T]]) -> T:
-        client = self._require_client()
+    @contextlib.contextmanager
+    def _engine_errors(self) -> Iterator[None]:
+        """The client's errors as the runtime's: unreachable → RuntimeFailure, else EngineError."""
         try:
-            return await call(client)
+            yield
         except aiodocker.DockerError as e:
             if e.status == 900:
                 raise RuntimeFailure(
@@ -865,6 +874,11 @@ class DockerRuntime:
             raise EngineError(e.status, e.message) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise RuntimeFailure(f"container engine at {self.endpoint}: {e!r}") from e
+
+    async def _call(self, call: Callable[[aiodocker.Docker], Awaitable[T]]) -> T:
+        client = self._require_client()
+        with self._engine_errors():
+            return await call(client)
 
     async def _json(
         self,
@@ -899,7 +913,7 @@ class DockerRuntime:
         body: dict[str, Any] | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         client = self._require_client()
-        try:
+        with self._engine_errors():
             # None: no deadline at all (a log followed, the event stream), but still one to
             # connect, so a dead engine is reported.
             limit = (
@@ -916,14 +930,6 @@ class DockerRuntime:
                 headers=None if body is None else {"Content-Type": "application/json"},
             ) as resp:
                 yield resp
-        except aiodocker.DockerError as e:
-            if e.status == 900:
-                raise RuntimeFailure(
-                    f"cannot reach the container engine at {self.endpoint}: {e.message}"
-                ) from e
-            raise EngineError(e.status, e.message) from e
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise RuntimeFailure(f"container engine at {self.endpoint}: {e!r}") from e
 
     async def _ping(self) -> dict[str, str]:
         async def call(c: aiodocker.Docker) -> dict[str, str]:
