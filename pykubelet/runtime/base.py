@@ -81,6 +81,19 @@ class RuntimePod:
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A host file or directory made visible in a container (a volumeMount, resolved).
+
+    The sync layer prepares `host_path` (a volume's directory, a file of it for a subPath, a
+    hostPath) before the container starts; a backend only binds it at `container_path`.
+    """
+
+    host_path: str  # absolute, on the host
+    container_path: str  # absolute, in the container
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class ContainerConfig:
     """A container to start, with everything resolved by the sync layer."""
 
@@ -95,6 +108,15 @@ class ContainerConfig:
     image_pull_policy: str  # Always, IfNotPresent, Never
     limits: dict[str, str] = field(default_factory=dict)
     host_ports: list[tuple[int, int, str]] = field(default_factory=list)  # (host, container, proto)
+    requests: dict[str, str] = field(default_factory=dict)
+    mounts: list[Mount] = field(default_factory=list)
+    # securityContext, the container's merged over the pod's; None: the backend's default (root
+    # for the process runtime, the image's user for the docker runtime).
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    supplemental_groups: list[int] = field(default_factory=list)
+    read_only_root_filesystem: bool = False
+    privileged: bool = False
 
 
 # Kubernetes keeps at most this much of an exec probe's output.
