@@ -73,6 +73,14 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r}: use true or false")
 
 
+def _path_list(text: str) -> list[str]:
+    paths = [part.strip() for part in text.split(",") if part.strip()]
+    for path in paths:
+        if not path.startswith("/"):
+            raise argparse.ArgumentTypeError(f"{path!r} is not an absolute path")
+    return paths
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pykubelet",
@@ -192,6 +200,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="pods admitted at once; more are rejected with reason OutOfpods (default 110)",
     )
     p.add_argument(
+        "--allowed-host-paths",
+        type=_path_list,
+        action="extend",
+        default=[],
+        metavar="PATH[,PATH...]",
+        help="hostPath volumes may use these directories and what is below them (repeatable); "
+        "by default every hostPath volume is refused",
+    )
+    p.add_argument(
+        "--allow-privileged",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="admit pods with privileged containers (default false: they are rejected)",
+    )
+    p.add_argument(
         "--config",
         type=Path,
         metavar="PATH",
@@ -240,6 +266,8 @@ def parse_options(argv: Sequence[str]) -> Options:
         node_ip=ns.node_ip,
         keep_pods_on_exit=ns.keep_pods_on_exit,
         max_pods=ns.max_pods,
+        allowed_host_paths=ns.allowed_host_paths,
+        allow_privileged=ns.allow_privileged,
         log_format=ns.log_format,
         verbosity=ns.verbosity,
     )

@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from fractions import Fraction
 from typing import TYPE_CHECKING, TypeVar
 
 from pykubelet import metrics
@@ -25,8 +26,10 @@ from pykubelet.config.types import (
     Op,
     PodUpdate,
 )
+from pykubelet.envvars import Allocatable
 from pykubelet.events import EventRecorder, ObjectRef
 from pykubelet.handlers import ActionRunner
+from pykubelet.node import read_machine_facts
 from pykubelet.options import Options
 from pykubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.pod_sync import PodSync
@@ -36,6 +39,7 @@ from pykubelet.runtime.base import Runtime
 from pykubelet.runtime.instrumented import InstrumentedRuntime
 from pykubelet.server import ReadOnlyServer, build_app
 from pykubelet.status import TERMINAL_PHASES, StatusManager
+from pykubelet.volumes import VolumeManager, host_path_allowed
 
 if TYPE_CHECKING:
     from pykubelet.cluster import Cluster
@@ -44,6 +48,8 @@ log = logging.getLogger(__name__)
 
 SYNC_TICK = 1.0
 HOUSEKEEPING_PERIOD = 2.0
+# How often emptyDir usage is measured against sizeLimit (a walk of each limited volume).
+EVICTION_PERIOD = 10.0
 ERROR_BACKOFF_MIN, ERROR_BACKOFF_MAX = 0.1, 5.0
 T = TypeVar("T")
 
@@ -70,9 +76,24 @@ class Kubelet:
         self.probe_results: asyncio.Queue[str] = asyncio.Queue()  # uids whose probes changed
         actions = ActionRunner(self.runtime, host_ip)
         self.prober = ProbeManager(actions, self.recorder, self.probe_results.put_nowait)
-        self.syncer = PodSync(
-            self.runtime, self.statuses, self.recorder, host_ip, actions, self.prober
+        facts = read_machine_facts(options.root_dir)
+        node = Allocatable(
+            cpu=Fraction(facts.cpus),
+            memory=facts.memory_kib * 1024,
+            ephemeral_storage=facts.storage_bytes,
         )
+        self.volumes = VolumeManager(options.root_dir, node, options.allowed_host_paths)
+        self.syncer = PodSync(
+            self.runtime,
+            self.statuses,
+            self.recorder,
+            host_ip,
+            actions,
+            self.prober,
+            self.volumes,
+            node,
+        )
+        self._next_eviction_check = 0.0
         self.pleg = PLEG(self.runtime)
         self.pods: dict[str, Pod] = {}  # the desired pods (the kubelet's pod manager), by UID
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
@@ -289,7 +310,12 @@ class Kubelet:
         return status is None or status.phase not in TERMINAL_PHASES
 
     def _admit(self, pod: Pod) -> bool:
-        """The kubelet's pod admission: a node runs at most --max-pods non-terminal pods."""
+        """The kubelet's pod admission: what the node allows (privileged containers, hostPath
+        volumes), then at most --max-pods non-terminal pods."""
+        refusal = self._forbidden(pod)
+        if refusal is not None:
+            self._reject(pod, *refusal)
+            return False
         used = self._capacity_used
         capacity = self.options.max_pods
         if used < capacity:
@@ -299,15 +325,45 @@ class Kubelet:
             "Pod was rejected: Node didn't have enough resource: pods, "
             f"requested: 1, used: {used}, capacity: {capacity}"
         )
+        self._reject(pod, "OutOfpods", message)
+        return False
+
+    def _forbidden(self, pod: Pod) -> tuple[str, str] | None:
+        for kind, containers in (
+            ("initContainers", pod.spec.init_containers),
+            ("containers", pod.spec.containers),
+        ):
+            for i, container in enumerate(containers):
+                ctx = container.security_context
+                if ctx is not None and ctx.privileged and not self.options.allow_privileged:
+                    return (
+                        "PrivilegedNotAllowed",
+                        f"Pod was rejected: spec.{kind}[{i}].securityContext.privileged: "
+                        "privileged containers are not allowed on this node "
+                        "(pykubelet --allow-privileged)",
+                    )
+        allowed = self.options.allowed_host_paths
+        for i, volume in enumerate(pod.spec.volumes or []):
+            if volume.host_path is not None and not host_path_allowed(
+                volume.host_path.path, allowed
+            ):
+                where = ", ".join(allowed) if allowed else "none are allowed"
+                return (
+                    "HostPathNotAllowed",
+                    f"Pod was rejected: spec.volumes[{i}].hostPath.path: "
+                    f"{volume.host_path.path} is not below --allowed-host-paths ({where})",
+                )
+        return None
+
+    def _reject(self, pod: Pod, reason: str, message: str) -> None:
         self._rejected.add(pod.uid)
-        self.statuses.set(pod.uid, PodStatus(phase="Failed", reason="OutOfpods", message=message))
+        self.statuses.set(pod.uid, PodStatus(phase="Failed", reason=reason, message=message))
         self.recorder.record(
             "Warning",
-            "OutOfpods",
+            reason,
             message,
             ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid),
         )
-        return False
 
     def _handle_updates(self, pods: list[Pod], op: Op) -> None:
         for pod in pods:
@@ -364,6 +420,47 @@ class Kubelet:
             )
             self.workers.update_pod(UpdateType.KILL, None, uid, removed=True)
         self.workers.forget_finished(set(self.pods))
+        # Volumes of pods that ended while no agent ran (or whose removal failed half-way).
+        for uid in await self.volumes.pod_uids():
+            if uid not in self.pods and not self.workers.is_known(uid):
+                log.info("removing the volumes of pod %s: no source has it", uid)
+                await self.volumes.teardown(uid)
+        if time.monotonic() >= self._next_eviction_check:
+            self._next_eviction_check = time.monotonic() + EVICTION_PERIOD
+            await self._evict_over_limit()
+
+    async def _evict_over_limit(self) -> None:
+        """The kubelet's local-storage eviction: an emptyDir past its sizeLimit fails the pod."""
+        for uid, pod in list(self.pods.items()):
+            if uid in self._rejected or not any(
+                v.empty_dir is not None and v.empty_dir.size_limit is not None
+                for v in pod.spec.volumes or []
+            ):
+                continue
+            status = self.statuses.get(uid)
+            if status is None or status.phase in TERMINAL_PHASES:
+                continue
+            exceeded = await self.volumes.over_limit(pod)
+            if not exceeded:
+                continue
+            first = exceeded[0]
+            message = (
+                f'Usage of EmptyDir volume "{first.volume}" exceeds the limit "{first.limit}".'
+            )
+            log.warning("evicting pod %s: %s", pod.key, message)
+            self.recorder.record(
+                "Warning",
+                "Evicted",
+                message,
+                ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, uid),
+            )
+            self.statuses.set(
+                uid,
+                status.model_copy(
+                    update={"phase": "Failed", "reason": "Evicted", "message": message}
+                ),
+            )
+            self.workers.update_pod(UpdateType.KILL, pod)
 
     # --- what the server reads ----------------------------------------------------------------
 

@@ -72,6 +72,9 @@ class Options:
     node_ip: str | None = None
     keep_pods_on_exit: bool = False
     max_pods: int = 110
+    # hostPath volumes are refused unless below one of these; privileged containers unless set.
+    allowed_host_paths: list[str] = field(default_factory=list)
+    allow_privileged: bool = False
     log_format: str = "text"
     verbosity: int = 0
 
@@ -88,6 +91,9 @@ class Options:
                 problems.append(f"{flag}: must be greater than 0")
         if self.max_pods < 1:
             problems.append("--max-pods: must be at least 1")
+        for path in self.allowed_host_paths:
+            if not path.startswith("/"):
+                problems.append(f"--allowed-host-paths: {path!r} is not an absolute path")
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if self.manifest_url is not None and not self.manifest_url.startswith(

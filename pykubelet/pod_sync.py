@@ -13,13 +13,21 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from pykubelet import metrics
 from pykubelet.api.model import Container, Pod
 from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.backoff import Backoff
 from pykubelet.config.types import API_SOURCE
-from pykubelet.envvars import container_env, expand
+from pykubelet.envvars import (
+    Allocatable,
+    ApiObjects,
+    EnvError,
+    container_env,
+    expand,
+    skipped_env_names,
+)
 from pykubelet.events import EventRecorder, ObjectRef
 from pykubelet.handlers import ActionRunner
 from pykubelet.pod_workers import SyncResult, UpdateType
@@ -34,6 +42,7 @@ from pykubelet.runtime.base import (
     StartError,
 )
 from pykubelet.status import TERMINAL_PHASES, StatusManager, Waiting, compute_pod_status
+from pykubelet.volumes import NoApiServer, ObjectLookup, VolumeError, VolumeManager, fetch_objects
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +90,61 @@ def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
     return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
 
 
+# How soon a pod whose volumes could not be set up is tried again.
+VOLUME_RETRY_SECONDS = 2.0
+
+
 class _Pass:
-    """What one sync learns on its way: waiting reasons and the earliest back-off end."""
+    """What one sync learns on its way: waiting reasons, the earliest back-off end, and the
+    pod's API objects and volume paths (read once per sync)."""
 
     def __init__(self) -> None:
         self.waiting: dict[str, Waiting] = {}
         self.requeue: list[float] = []
+        self.objects = ApiObjects()
+        self.volume_paths: dict[str, str] = {}
+
+
+class SecurityError(Exception):
+    """The container's securityContext cannot be honoured (CreateContainerConfigError)."""
+
+
+@dataclass(frozen=True)
+class Security:
+    run_as_user: int | None
+    run_as_group: int | None
+    supplemental_groups: list[int]
+    read_only_root_filesystem: bool
+    privileged: bool
+
+
+def security_fields(pod: Pod, spec: Container) -> Security:
+    """The container's securityContext merged over the pod's, as ContainerConfig fields."""
+    pod_ctx = pod.spec.security_context
+    ctx = spec.security_context
+    user = ctx.run_as_user if ctx and ctx.run_as_user is not None else None
+    group = ctx.run_as_group if ctx and ctx.run_as_group is not None else None
+    non_root = ctx.run_as_non_root if ctx and ctx.run_as_non_root is not None else None
+    if pod_ctx is not None:
+        user = pod_ctx.run_as_user if user is None else user
+        group = pod_ctx.run_as_group if group is None else group
+        non_root = pod_ctx.run_as_non_root if non_root is None else non_root
+    if non_root:
+        if user == 0:
+            raise SecurityError("container's runAsUser breaks non-root policy")
+        if user is None:
+            # The kubelet would look at the image's USER; pykubelet does not inspect images.
+            raise SecurityError(
+                "container has runAsNonRoot and no runAsUser: pykubelet needs a numeric "
+                "runAsUser to verify it (the image's USER is not inspected)"
+            )
+    return Security(
+        run_as_user=user,
+        run_as_group=group,
+        supplemental_groups=list(pod_ctx.supplemental_groups or []) if pod_ctx else [],
+        read_only_root_filesystem=bool(ctx and ctx.read_only_root_filesystem),
+        privileged=bool(ctx and ctx.privileged),
+    )
 
 
 class PodSync:
@@ -100,8 +158,14 @@ class PodSync:
         host_ip: str,
         actions: ActionRunner,
         prober: ProbeManager,
+        volumes: VolumeManager,
+        node: Allocatable,
     ) -> None:
         self.runtime = runtime
+        self.volumes = volumes
+        self.node = node
+        # ConfigMaps and Secrets: the API server's, once cluster mode is connected.
+        self.objects: ObjectLookup = NoApiServer()
         self.statuses = statuses
         self.recorder = recorder
         self.host_ip = host_ip
@@ -136,7 +200,12 @@ class PodSync:
 
         state = _Pass()
         await self._stop_unknown(pod, instances)
-        initialized, init_failed = await self._sync_init_containers(pod, sandbox, instances, state)
+        mounted = await self._setup_volumes(pod, state)
+        initialized, init_failed = False, False
+        if mounted:
+            initialized, init_failed = await self._sync_init_containers(
+                pod, sandbox, instances, state
+            )
         if initialized:
             for spec in pod.spec.containers:
                 await self._sync_container(
@@ -165,6 +234,23 @@ class PodSync:
             self._first_seen.pop(uid, None)
             return SyncResult(terminal=True)
         return SyncResult(requeue_after=min(state.requeue) if state.requeue else None)
+
+    async def _setup_volumes(self, pod: Pod, state: _Pass) -> bool:
+        """Read the pod's ConfigMaps and Secrets and prepare its volumes. False: containers
+        cannot start yet (the kubelet's FailedMount; they wait in ContainerCreating)."""
+        try:
+            state.objects = await fetch_objects(pod, self.objects)
+            state.volume_paths = await self.volumes.setup(pod, state.objects)
+        except (EnvError, VolumeError) as e:
+            message = str(e)
+            if not isinstance(e, VolumeError):
+                message = f"cannot read the pod's ConfigMaps and Secrets: {message}"
+            self.recorder.record("Warning", "FailedMount", message, _pod_ref(pod))
+            state.requeue.append(VOLUME_RETRY_SECONDS)
+            for spec in pod.all_containers():
+                state.waiting[spec.name] = Waiting("ContainerCreating", message)
+            return False
+        return True
 
     async def _stop_unknown(self, pod: Pod, instances: dict[str, list[RuntimeContainer]]) -> None:
         known = {c.name for c in pod.all_containers()}
@@ -287,7 +373,30 @@ class PodSync:
                 state.waiting[spec.name] = waiting
                 state.requeue.append(remaining)
                 return False
-        env = container_env(pod, spec, self.host_ip, sandbox.ip or self.host_ip)
+        ref = _pod_ref(pod, spec.name)
+        try:
+            env = container_env(
+                pod, spec, self.host_ip, sandbox.ip or self.host_ip, state.objects, self.node
+            )
+            mounts = await self.volumes.container_mounts(pod, spec, state.volume_paths)
+            security = security_fields(pod, spec)
+        except (EnvError, VolumeError, SecurityError) as e:
+            waiting = Waiting("CreateContainerConfigError", str(e))
+            state.waiting[spec.name] = waiting
+            self.backoff.record_start(key)
+            self._start_failures[key] = (time.time(), waiting)
+            state.requeue.append(self.backoff.delay_of(key))
+            self.recorder.record("Warning", "Failed", f"Error: {e}", ref)
+            return False
+        skipped = skipped_env_names(spec, state.objects)
+        if skipped:
+            self.recorder.record(
+                "Warning",
+                "InvalidEnvironmentVariableNames",
+                "Keys [" + ", ".join(skipped) + "] from envFrom were skipped since they are "
+                "considered invalid environment variable names.",
+                ref,
+            )
         values = dict(env)
         config = ContainerConfig(
             name=spec.name,
@@ -303,8 +412,14 @@ class PodSync:
             host_ports=[
                 (p.host_port, p.container_port, p.protocol) for p in spec.ports if p.host_port
             ],
+            requests={k: str(v) for k, v in spec.resources.requests.items()},
+            mounts=mounts,
+            run_as_user=security.run_as_user,
+            run_as_group=security.run_as_group,
+            supplemental_groups=security.supplemental_groups,
+            read_only_root_filesystem=security.read_only_root_filesystem,
+            privileged=security.privileged,
         )
-        ref = _pod_ref(pod, spec.name)
         try:
             started = await self.runtime.start_container(pod, sandbox, config)
         except StartError as exc:
@@ -415,6 +530,7 @@ class PodSync:
         if removed:
             self.prober.remove_pod(uid)
             await self.runtime.remove_pod(uid)
+            await self.volumes.teardown(uid)
             self.statuses.forget(uid)
             self._first_seen.pop(uid, None)
             keys = self._keys_of_pod.pop(uid, set())

@@ -196,8 +196,10 @@ def compute_pod_status(
         for c in pod.spec.containers
     ]
     phase = "Failed" if init_failed else pod_phase(pod, statuses, initialized)
+    reason = message = None
     if previous is not None and previous.phase in TERMINAL_PHASES:
-        phase = previous.phase  # a terminal phase never changes back
+        phase = previous.phase  # a terminal phase never changes back, nor why it was reached
+        reason, message = previous.reason, previous.message
     ready = phase == "Running" and all(s.ready for s in statuses)
     not_ready = "ContainersNotReady"
     conditions = [
@@ -211,6 +213,8 @@ def compute_pod_status(
     pod_ip = sandbox.ip if sandbox is not None else None
     return PodStatus(
         phase=phase,
+        reason=reason,
+        message=message,
         conditions=conditions,
         host_ip=host_ip,
         pod_ip=pod_ip,

@@ -21,13 +21,23 @@ _Loader: Any = yaml.CSafeLoader if YAML_IS_FAST else yaml.SafeLoader
 # "unknown field", so the user knows the manifest is right and pykubelet is behind.
 KNOWN_UNSUPPORTED = frozenset(
     {
-        "volumeMounts",
-        "volumeDevices", "envFrom", "resizePolicy", "stdinOnce", "volumes", "affinity", "hostPID",
+        "volumeDevices", "resizePolicy", "stdinOnce", "affinity", "hostPID",
         "hostIPC", "imagePullSecrets", "readinessGates", "runtimeClassName",
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
         "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
         "ephemeralContainers", "setHostnameAsFQDN", "automountServiceAccountToken", "hostUsers",
-        "securityContext", "resourceFieldRef", "configMapKeyRef", "secretKeyRef",
+        # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
+        # readOnlyRootFilesystem/privileged
+        "capabilities", "seLinuxOptions", "seccompProfile", "appArmorProfile", "procMount",
+        "windowsOptions", "allowPrivilegeEscalation", "fsGroup", "fsGroupChangePolicy", "sysctls",
+        "supplementalGroupsPolicy", "seLinuxChangePolicy",
+        # volumeMounts fields and volume types beyond emptyDir, hostPath, configMap, secret,
+        # downwardAPI
+        "mountPropagation", "subPathExpr", "recursiveReadOnly", "persistentVolumeClaim",
+        "projected", "nfs", "csi", "ephemeral", "image", "gitRepo", "iscsi", "rbd", "cephfs",
+        "glusterfs", "fc", "azureDisk", "azureFile", "awsElasticBlockStore",
+        "gcePersistentDisk", "vsphereVolume", "portworxVolume", "scaleIO", "storageos",
+        "quobyte", "flocker", "flexVolume", "cinder", "photonPersistentDisk",
     }
 )  # fmt: skip
 

@@ -58,14 +58,67 @@ class ObjectFieldSelector(ApiModel):
     field_path: str
 
 
+class ResourceFieldSelector(ApiModel):
+    container_name: str | None = None
+    resource: str
+    divisor: str | int | float | None = None
+
+
+class ConfigMapKeySelector(ApiModel):
+    name: str = ""
+    key: str
+    optional: bool | None = None
+
+
+class SecretKeySelector(ApiModel):
+    name: str = ""
+    key: str
+    optional: bool | None = None
+
+
 class EnvVarSource(ApiModel):
-    field_ref: ObjectFieldSelector
+    field_ref: ObjectFieldSelector | None = None
+    resource_field_ref: ResourceFieldSelector | None = None
+    config_map_key_ref: ConfigMapKeySelector | None = None
+    secret_key_ref: SecretKeySelector | None = None
+
+    def sources(self) -> list[object]:
+        found = (self.field_ref, self.resource_field_ref, self.config_map_key_ref)
+        return [s for s in (*found, self.secret_key_ref) if s is not None]
 
 
 class EnvVar(ApiModel):
     name: str
     value: str | None = None
     value_from: EnvVarSource | None = None
+
+
+class LocalObjectReference(ApiModel):
+    name: str = ""
+    optional: bool | None = None
+
+
+class EnvFromSource(ApiModel):
+    prefix: str | None = None
+    config_map_ref: LocalObjectReference | None = None
+    secret_ref: LocalObjectReference | None = None
+
+
+class VolumeMount(ApiModel):
+    name: str
+    mount_path: str
+    read_only: bool = False
+    sub_path: str | None = None
+
+
+class SecurityContext(ApiModel):
+    """A container's securityContext: the fields pykubelet implements."""
+
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    run_as_non_root: bool | None = None
+    read_only_root_filesystem: bool | None = None
+    privileged: bool | None = None
 
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
@@ -152,6 +205,11 @@ class Container(ApiModel):
     args: list[str] = Field(default_factory=list)
     working_dir: str | None = None
     env: list[EnvVar] = Field(default_factory=list)
+    # New fields default to None, not []: to_api() of a manifest that does not use them, and
+    # so its static UID and container hashes, stay what earlier versions computed.
+    env_from: list[EnvFromSource] | None = None
+    volume_mounts: list[VolumeMount] | None = None
+    security_context: SecurityContext | None = None
     ports: list[ContainerPort] = Field(default_factory=list)
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = None
@@ -179,7 +237,73 @@ RestartPolicy = Literal["Always", "OnFailure", "Never"]
 
 
 class PodSecurityContext(ApiModel):
-    """Accepted only empty (`securityContext: {}`, as kubectl writes it) until it is implemented."""
+    """The pod-wide securityContext: defaults for every container's own."""
+
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    run_as_non_root: bool | None = None
+    supplemental_groups: list[int] | None = None
+
+
+class KeyToPath(ApiModel):
+    key: str
+    path: str
+    mode: int | None = None
+
+
+class EmptyDirVolumeSource(ApiModel):
+    medium: Literal["", "Memory"] = ""
+    size_limit: str | int | float | None = None
+
+
+HostPathType = Literal[
+    "", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice",
+    "BlockDevice",
+]  # fmt: skip
+
+
+class HostPathVolumeSource(ApiModel):
+    path: str
+    type: HostPathType | None = None
+
+
+class ConfigMapVolumeSource(ApiModel):
+    name: str = ""
+    items: list[KeyToPath] | None = None
+    default_mode: int | None = None
+    optional: bool | None = None
+
+
+class SecretVolumeSource(ApiModel):
+    secret_name: str = ""
+    items: list[KeyToPath] | None = None
+    default_mode: int | None = None
+    optional: bool | None = None
+
+
+class DownwardAPIVolumeFile(ApiModel):
+    path: str
+    field_ref: ObjectFieldSelector | None = None
+    resource_field_ref: ResourceFieldSelector | None = None
+    mode: int | None = None
+
+
+class DownwardAPIVolumeSource(ApiModel):
+    items: list[DownwardAPIVolumeFile] = Field(default_factory=list)
+    default_mode: int | None = None
+
+
+class Volume(ApiModel):
+    name: str
+    empty_dir: EmptyDirVolumeSource | None = None
+    host_path: HostPathVolumeSource | None = None
+    config_map: ConfigMapVolumeSource | None = None
+    secret: SecretVolumeSource | None = None
+    downward_api: DownwardAPIVolumeSource | None = Field(default=None, alias="downwardAPI")
+
+    def sources(self) -> list[ApiModel]:
+        found = (self.empty_dir, self.host_path, self.config_map, self.secret, self.downward_api)
+        return [s for s in found if s is not None]
 
 
 class PodSpec(ApiModel):
@@ -202,6 +326,7 @@ class PodSpec(ApiModel):
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
     security_context: PodSecurityContext | None = None
+    volumes: list[Volume] | None = None
 
 
 # --- status -------------------------------------------------------------------------------------

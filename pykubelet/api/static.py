@@ -32,11 +32,48 @@ def static_pod_uid(pod: Pod, node_name: str, location: str) -> str:
     return digest.hexdigest()
 
 
+def api_object_refs(pod: Pod) -> list[str]:
+    """The fields of a pod that name a ConfigMap or Secret of the API server."""
+    paths: list[str] = []
+    for i, volume in enumerate(pod.spec.volumes or []):
+        if volume.config_map is not None:
+            paths.append(f"spec.volumes[{i}].configMap")
+        if volume.secret is not None:
+            paths.append(f"spec.volumes[{i}].secret")
+    for kind, containers in (
+        ("initContainers", pod.spec.init_containers),
+        ("containers", pod.spec.containers),
+    ):
+        for i, container in enumerate(containers):
+            for k, var in enumerate(container.env):
+                source = var.value_from
+                if source is not None and source.config_map_key_ref is not None:
+                    paths.append(f"spec.{kind}[{i}].env[{k}].valueFrom.configMapKeyRef")
+                if source is not None and source.secret_key_ref is not None:
+                    paths.append(f"spec.{kind}[{i}].env[{k}].valueFrom.secretKeyRef")
+            for k, _ in enumerate(container.env_from or []):
+                paths.append(f"spec.{kind}[{i}].envFrom[{k}]")
+    return paths
+
+
 def apply_static_defaults(pod: Pod, node_name: str, source: str, location: str) -> Pod:
     """Namespace, node-suffixed name, nodeName, UID and config annotations, as the kubelet does.
 
     Raises ManifestError if the generated name is not a valid pod name.
     """
+    refs = api_object_refs(pod)
+    if refs:
+        raise ManifestError(
+            location,
+            [
+                FieldError(
+                    path,
+                    "a static pod may not reference a ConfigMap or Secret (as the "
+                    "kubelet's mirror pods may not): use a hostPath or downwardAPI volume",
+                )
+                for path in refs
+            ],
+        )
     node = node_name.lower()
     result = pod.model_copy(deep=True)
     meta = result.metadata

@@ -9,14 +9,25 @@ from __future__ import annotations
 import re
 
 from pykubelet.api.errors import FieldError
-from pykubelet.api.model import Container, Pod
+from pykubelet.api.model import (
+    Container,
+    DownwardAPIVolumeFile,
+    KeyToPath,
+    Pod,
+    PodSecurityContext,
+    ResourceFieldSelector,
+    SecurityContext,
+    Volume,
+)
+from pykubelet.api.quantity import QuantityError, parse_quantity
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Kubernetes accepts any printable ASCII but '=' in env names; we follow it.
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+# A ConfigMap or Secret key, as the API server allows them.
+CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
@@ -32,6 +43,14 @@ SUPPORTED_FIELD_REFS = frozenset(
     }
 )
 SUPPORTED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+RESOURCE_FIELDS = frozenset(
+    f"{kind}.{name}" for kind in ("limits", "requests") for name in SUPPORTED_RESOURCES
+)
+# What a downwardAPI volume file may show (labels and annotations also as a whole).
+VOLUME_FIELD_REFS = frozenset(
+    {"metadata.name", "metadata.namespace", "metadata.uid", "metadata.labels",
+     "metadata.annotations"}
+)  # fmt: skip
 
 
 def dns_subdomain_error(value: str) -> str | None:
@@ -114,6 +133,24 @@ def validate_pod(pod: Pod) -> list[FieldError]:
             elif container.name:
                 names[container.name] = path
 
+    volume_names = {v.name for v in spec.volumes or []}
+    errors.extend(_validate_volumes(spec.volumes or [], pod))
+    if spec.security_context is not None:
+        errors.extend(_validate_security(spec.security_context, "spec.securityContext"))
+    container_names = {c.name for c in pod.all_containers()}
+    for kind, containers in (
+        ("initContainers", spec.init_containers),
+        ("containers", spec.containers),
+    ):
+        for i, container in enumerate(containers):
+            path = f"spec.{kind}[{i}]"
+            errors.extend(_validate_mounts(container, path, volume_names))
+            errors.extend(_validate_env_sources(container, path, container_names))
+            if container.security_context is not None:
+                errors.extend(
+                    _validate_security(container.security_context, f"{path}.securityContext")
+                )
+
     host_ports: dict[tuple[int, str], str] = {}
     for i, container in enumerate(spec.containers):
         for j, port in enumerate(container.ports):
@@ -151,8 +188,9 @@ def _validate_container(container: Container, path: str, *, is_init: bool) -> li
             )
         if env.value is not None and env.value_from is not None:
             errors.append(FieldError(where, "may not have both value and valueFrom"))
-        if env.value_from is not None:
-            field_path = env.value_from.field_ref.field_path
+        field_ref = env.value_from.field_ref if env.value_from is not None else None
+        if field_ref is not None:
+            field_path = field_ref.field_path
             if field_path not in SUPPORTED_FIELD_REFS and not _is_label_or_annotation_ref(
                 field_path
             ):
@@ -196,8 +234,270 @@ def _validate_container(container: Container, path: str, *, is_init: bool) -> li
             where = f"{path}.resources.{section}[{name}]"
             if name not in SUPPORTED_RESOURCES and "/" not in name:
                 errors.append(FieldError(where, f"unsupported resource name {name!r}"))
-            if isinstance(raw, bool) or not QUANTITY.match(str(raw)):
-                errors.append(FieldError(where, f"invalid quantity {raw!r}"))
+            try:
+                if parse_quantity(raw) < 0:
+                    errors.append(FieldError(where, f"must be >= 0 (is {raw!r})"))
+            except QuantityError as e:
+                errors.append(FieldError(where, str(e)))
+    for name, limit in container.resources.limits.items():
+        request = container.resources.requests.get(name)
+        if request is None:
+            continue
+        try:
+            if parse_quantity(request) > parse_quantity(limit):
+                errors.append(
+                    FieldError(
+                        f"{path}.resources.requests[{name}]",
+                        f"must be less than or equal to the {name} limit of {limit}",
+                    )
+                )
+        except QuantityError:
+            pass  # reported above
+    return errors
+
+
+def _relative_path_error(value: str) -> str | None:
+    """A path inside a volume: relative, and no '..' that could climb out of it."""
+    if not value:
+        return "required"
+    if value.startswith("/"):
+        return f"invalid value {value!r}: must be a relative path"
+    if ".." in value.split("/"):
+        return f"invalid value {value!r}: must not contain '..'"
+    return None
+
+
+def _absolute_path_error(value: str) -> str | None:
+    if not value.startswith("/"):
+        return f"invalid value {value!r}: must be an absolute path"
+    if ".." in value.split("/"):
+        return f"invalid value {value!r}: must not contain '..'"
+    return None
+
+
+def _mode_errors(mode: int | None, where: str) -> list[FieldError]:
+    if mode is not None and not 0 <= mode <= 0o777:
+        return [FieldError(where, f"must be a file mode between 0 and 0777 (is {mode})")]
+    return []
+
+
+def _validate_items(items: list[KeyToPath] | None, where: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for k, item in enumerate(items or []):
+        if not CONFIG_KEY.match(item.key):
+            errors.append(FieldError(f"{where}[{k}].key", f"invalid key {item.key!r}"))
+        if err := _relative_path_error(item.path):
+            errors.append(FieldError(f"{where}[{k}].path", err))
+        errors.extend(_mode_errors(item.mode, f"{where}[{k}].mode"))
+    return errors
+
+
+def _validate_volumes(volumes: list[Volume], pod: Pod) -> list[FieldError]:
+    errors: list[FieldError] = []
+    seen: set[str] = set()
+    for i, volume in enumerate(volumes):
+        where = f"spec.volumes[{i}]"
+        if err := dns_label_error(volume.name):
+            errors.append(FieldError(f"{where}.name", err))
+        elif volume.name in seen:
+            errors.append(FieldError(f"{where}.name", f"duplicate volume name {volume.name!r}"))
+        seen.add(volume.name)
+        if len(volume.sources()) != 1:
+            errors.append(
+                FieldError(
+                    where,
+                    "must have exactly one of emptyDir, hostPath, configMap, secret, downwardAPI",
+                )
+            )
+        if volume.empty_dir is not None and volume.empty_dir.size_limit is not None:
+            try:
+                parse_quantity(volume.empty_dir.size_limit)
+            except QuantityError as e:
+                errors.append(FieldError(f"{where}.emptyDir.sizeLimit", str(e)))
+        if volume.host_path is not None and (err := _absolute_path_error(volume.host_path.path)):
+            errors.append(FieldError(f"{where}.hostPath.path", err))
+        if volume.config_map is not None:
+            if err := dns_subdomain_error(volume.config_map.name):
+                errors.append(FieldError(f"{where}.configMap.name", err))
+            errors.extend(_validate_items(volume.config_map.items, f"{where}.configMap.items"))
+            errors.extend(
+                _mode_errors(volume.config_map.default_mode, f"{where}.configMap.defaultMode")
+            )
+        if volume.secret is not None:
+            if err := dns_subdomain_error(volume.secret.secret_name):
+                errors.append(FieldError(f"{where}.secret.secretName", err))
+            errors.extend(_validate_items(volume.secret.items, f"{where}.secret.items"))
+            errors.extend(_mode_errors(volume.secret.default_mode, f"{where}.secret.defaultMode"))
+        if volume.downward_api is not None:
+            errors.extend(_validate_downward_api(volume.downward_api.items, where, pod))
+            errors.extend(
+                _mode_errors(volume.downward_api.default_mode, f"{where}.downwardAPI.defaultMode")
+            )
+    return errors
+
+
+def _validate_downward_api(
+    items: list[DownwardAPIVolumeFile], where: str, pod: Pod
+) -> list[FieldError]:
+    errors: list[FieldError] = []
+    names = {c.name for c in pod.all_containers()}
+    for k, item in enumerate(items):
+        at = f"{where}.downwardAPI.items[{k}]"
+        if err := _relative_path_error(item.path):
+            errors.append(FieldError(f"{at}.path", err))
+        errors.extend(_mode_errors(item.mode, f"{at}.mode"))
+        if (item.field_ref is None) == (item.resource_field_ref is None):
+            errors.append(FieldError(at, "must have exactly one of fieldRef, resourceFieldRef"))
+        if item.field_ref is not None:
+            field_path = item.field_ref.field_path
+            if field_path not in VOLUME_FIELD_REFS and not _is_label_or_annotation_ref(field_path):
+                errors.append(
+                    FieldError(
+                        f"{at}.fieldRef.fieldPath",
+                        f"unsupported value {field_path!r}: supported are "
+                        + ", ".join(sorted(VOLUME_FIELD_REFS))
+                        + ", metadata.labels['KEY'], metadata.annotations['KEY']",
+                    )
+                )
+        if item.resource_field_ref is not None:
+            ref = item.resource_field_ref
+            if not ref.container_name:
+                errors.append(
+                    FieldError(f"{at}.resourceFieldRef.containerName", "required in a volume")
+                )
+            errors.extend(_validate_resource_ref(ref, f"{at}.resourceFieldRef", names))
+    return errors
+
+
+def _validate_resource_ref(
+    ref: ResourceFieldSelector, where: str, container_names: set[str]
+) -> list[FieldError]:
+    errors: list[FieldError] = []
+    if ref.resource not in RESOURCE_FIELDS:
+        errors.append(
+            FieldError(
+                f"{where}.resource",
+                f"unsupported value {ref.resource!r}: supported are "
+                + ", ".join(sorted(RESOURCE_FIELDS)),
+            )
+        )
+    if ref.container_name and ref.container_name not in container_names:
+        errors.append(
+            FieldError(
+                f"{where}.containerName", f"no container named {ref.container_name!r} in the pod"
+            )
+        )
+    if ref.divisor is not None:
+        try:
+            if parse_quantity(ref.divisor) <= 0:
+                errors.append(FieldError(f"{where}.divisor", "must be greater than 0"))
+        except QuantityError as e:
+            errors.append(FieldError(f"{where}.divisor", str(e)))
+    return errors
+
+
+def _validate_mounts(container: Container, path: str, volumes: set[str]) -> list[FieldError]:
+    errors: list[FieldError] = []
+    targets: dict[str, int] = {}
+    for k, mount in enumerate(container.volume_mounts or []):
+        where = f"{path}.volumeMounts[{k}]"
+        if mount.name not in volumes:
+            errors.append(
+                FieldError(f"{where}.name", f"no volume named {mount.name!r} in spec.volumes")
+            )
+        if err := _absolute_path_error(mount.mount_path):
+            errors.append(FieldError(f"{where}.mountPath", err))
+        else:
+            target = mount.mount_path.rstrip("/") or "/"
+            if target == "/":
+                errors.append(FieldError(f"{where}.mountPath", "must not be /"))
+            elif target in targets:
+                errors.append(
+                    FieldError(
+                        f"{where}.mountPath",
+                        f"duplicate mount path {target!r} (also volumeMounts[{targets[target]}])",
+                    )
+                )
+            targets[target] = k
+        if mount.sub_path is not None and (err := _relative_path_error(mount.sub_path)):
+            errors.append(FieldError(f"{where}.subPath", err))
+    return errors
+
+
+def _validate_env_sources(
+    container: Container, path: str, container_names: set[str]
+) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for k, env in enumerate(container.env):
+        if env.value_from is None:
+            continue
+        where = f"{path}.env[{k}].valueFrom"
+        source = env.value_from
+        if len(source.sources()) != 1:
+            errors.append(
+                FieldError(
+                    where,
+                    "must have exactly one of fieldRef, resourceFieldRef, configMapKeyRef, "
+                    "secretKeyRef",
+                )
+            )
+        if source.resource_field_ref is not None:
+            errors.extend(
+                _validate_resource_ref(
+                    source.resource_field_ref, f"{where}.resourceFieldRef", container_names
+                )
+            )
+        for name, ref in (
+            ("configMapKeyRef", source.config_map_key_ref),
+            ("secretKeyRef", source.secret_key_ref),
+        ):
+            if ref is None:
+                continue
+            if err := dns_subdomain_error(ref.name):
+                errors.append(FieldError(f"{where}.{name}.name", err))
+            if not CONFIG_KEY.match(ref.key):
+                errors.append(FieldError(f"{where}.{name}.key", f"invalid key {ref.key!r}"))
+    for k, env_from in enumerate(container.env_from or []):
+        where = f"{path}.envFrom[{k}]"
+        refs = [r for r in (env_from.config_map_ref, env_from.secret_ref) if r is not None]
+        if len(refs) != 1:
+            errors.append(FieldError(where, "must have exactly one of configMapRef, secretRef"))
+        for name, local in (
+            ("configMapRef", env_from.config_map_ref),
+            ("secretRef", env_from.secret_ref),
+        ):
+            if local is not None and (err := dns_subdomain_error(local.name)):
+                errors.append(FieldError(f"{where}.{name}.name", err))
+        if env_from.prefix and not ENV_NAME.match(env_from.prefix):
+            errors.append(
+                FieldError(
+                    f"{where}.prefix",
+                    f"invalid value {env_from.prefix!r}: must start an environment variable name",
+                )
+            )
+    return errors
+
+
+def _validate_security(
+    context: SecurityContext | PodSecurityContext, where: str
+) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for name in ("run_as_user", "run_as_group"):
+        value = getattr(context, name)
+        if value is not None and not 0 <= value <= 2**31 - 1:
+            errors.append(FieldError(f"{where}.{_camel(name)}", "must be between 0 and 2147483647"))
+    if context.run_as_non_root and context.run_as_user == 0:
+        errors.append(
+            FieldError(f"{where}.runAsUser", "runAsNonRoot is true: must not be 0 (root)")
+        )
+    if isinstance(context, PodSecurityContext):
+        for k, gid in enumerate(context.supplemental_groups or []):
+            if not 0 <= gid <= 2**31 - 1:
+                errors.append(
+                    FieldError(
+                        f"{where}.supplementalGroups[{k}]", "must be between 0 and 2147483647"
+                    )
+                )
     return errors
 
 

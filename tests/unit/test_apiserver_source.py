@@ -229,9 +229,12 @@ def test_what_a_real_server_adds_decodes() -> None:
         and "volumeMounts" not in prepared["spec"]["containers"][0]
     )
     assert "preemptionPolicy" not in prepared["spec"] and "status" not in prepared
-    # Only the injected token volume is set aside: a volume of the user's is still refused.
+    # Only the injected token volume is set aside: a volume of the user's is kept, and one
+    # pykubelet cannot mount is refused.
     obj["spec"]["volumes"].append({"name": "data", "emptyDir": {}})
-    with pytest.raises(ManifestError, match=r"spec\.volumes: not supported"):
+    assert [v.name for v in decode_api_pod(obj).spec.volumes or []] == ["data"]
+    obj["spec"]["volumes"].append({"name": "claim", "persistentVolumeClaim": {"claimName": "c"}})
+    with pytest.raises(ManifestError, match=r"persistentVolumeClaim: not supported"):
         decode_api_pod(obj)
 
 

@@ -31,7 +31,13 @@ EXPECTED = {
     "nul-in-command.yaml": "spec.containers[0].command[0]: contains a NUL character",
     "nul-in-name.yaml": "metadata.name: contains a NUL character",
     "unknown-kind.yaml": "kind: expected Pod, got 'Deployment'",
-    "volume-traversal.yaml": "spec.volumes: not supported by pykubelet yet",
+    "volume-traversal.yaml": "spec.volumes[0].name: invalid value '../../etc'",
+    "subpath-traversal.yaml": "spec.containers[0].volumeMounts[0].subPath: invalid value "
+    "'../../etc': must not contain '..'",
+    "configmap-item-traversal.yaml": "spec.volumes[0].configMap.items[0].path: invalid value "
+    "'../x': must not contain '..'",
+    "hostpath-relative.yaml": "spec.volumes[0].hostPath.path: invalid value 'etc': must be "
+    "an absolute path",
     "wrong-type.yaml": "spec.containers[0].ports[0].containerPort: input should be a valid integer",
 }
 

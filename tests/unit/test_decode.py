@@ -63,7 +63,14 @@ def test_missing_container_name_names_file_and_field() -> None:
         ),
         ((b"memory: 64Mi", b"memory: lots"), "resources.limits[memory]: invalid quantity 'lots'"),
         ((b"name: A,", b"name: 'A=B',"), "env[0].name: invalid value 'A=B'"),
-        ((b"    command: [nginx]\n", b"    volumeMounts: []\n"), "volumeMounts: not supported"),
+        (
+            (b"    command: [nginx]\n", b"    volumeMounts: [{name: nope, mountPath: /d}]\n"),
+            "volumeMounts[0].name: no volume named 'nope' in spec.volumes",
+        ),
+        (
+            (b"    command: [nginx]\n", b"    securityContext: {capabilities: {add: [X]}}\n"),
+            "securityContext.capabilities: not supported by pykubelet yet",
+        ),
         (
             (b"    command: [nginx]\n", b"    livenessProbe: {httpGet: {port: web}}\n"),
             "livenessProbe.httpGet.port: port name 'web' is not a named port",

@@ -6,11 +6,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
 from pykubelet.api.model import Pod
+from pykubelet.envvars import Allocatable
 from pykubelet.events import EventRecorder
 from pykubelet.handlers import ActionRunner
 from pykubelet.pod_sync import PodSync
@@ -19,6 +21,7 @@ from pykubelet.prober import ProbeManager
 from pykubelet.runtime.base import ContainerRunState
 from pykubelet.runtime.process import ProcessRuntime
 from pykubelet.status import StatusManager
+from pykubelet.volumes import VolumeManager
 
 
 def pod(script: str) -> Pod:
@@ -49,8 +52,16 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     recorder = EventRecorder()
     actions = ActionRunner(runtime, "127.0.0.1")
     statuses = StatusManager()
+    node = Allocatable(cpu=Fraction(2), memory=1 << 30, ephemeral_storage=1 << 34)
     sync = PodSync(
-        runtime, statuses, recorder, "127.0.0.1", actions, ProbeManager(actions, recorder, print)
+        runtime,
+        statuses,
+        recorder,
+        "127.0.0.1",
+        actions,
+        ProbeManager(actions, recorder, print),
+        VolumeManager(tmp_path, node),
+        node,
     )
     yield Node(runtime, sync, statuses)
     for runtime_pod in await runtime.list_pods():
