@@ -22,6 +22,7 @@ still pending (at most 2 s) and closes the client.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
@@ -39,6 +40,7 @@ from pykubelet.config.apiserver import (
     Retry,
 )
 from pykubelet.config.types import PodUpdate
+from pykubelet.envvars import EnvError
 from pykubelet.events import Event
 from pykubelet.mirror import MirrorPods
 from pykubelet.node import NodeAgent
@@ -122,6 +124,49 @@ class EventSink:
             self._posted.popitem(last=False)
 
 
+class ApiObjectLookup:
+    """ConfigMaps and Secrets for the pods' env and volumes, read from the API server.
+
+    Read at each sync of a pod that uses them (the kubelet's "Get" strategy): a change reaches
+    the pod's volumes at its next sync, at most --sync-frequency later.
+    """
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+
+    async def _get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        api = self._cluster.api
+        if api is None:
+            raise EnvError(f'{kind[:-1]} "{name}": not connected to the API server yet')
+        try:
+            return await api.request("GET", f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise EnvError(f'cannot read {kind[:-1]} "{namespace}/{name}": {exc}') from None
+
+    async def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        obj = await self._get("configmaps", namespace, name)
+        if obj is None:
+            return None
+        data = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        for key, value in (obj.get("binaryData") or {}).items():
+            data[str(key)] = base64.b64decode(value).decode("utf-8", errors="replace")
+        return data
+
+    async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        obj = await self._get("secrets", namespace, name)
+        if obj is None:
+            return None
+        try:
+            data = {str(k): base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+        except (ValueError, TypeError) as exc:
+            raise EnvError(f'secret "{namespace}/{name}": data is not base64: {exc}') from None
+        for key, value in (obj.get("stringData") or {}).items():
+            data[str(key)] = str(value).encode()
+        return data
+
+
 class Cluster:
     def __init__(self, opts: Options, kubelet: Kubelet, push: Callable[[PodUpdate], None]) -> None:
         self.opts = opts
@@ -141,6 +186,7 @@ class Cluster:
         kubelet.statuses.add_listener(self._on_status)
         kubelet.recorder.add_listener(self.events.on_event)
         kubelet.syncer.terminated_listeners.append(self._on_terminated)
+        kubelet.syncer.objects = ApiObjectLookup(self)
 
     def tasks(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
         return [

@@ -7,6 +7,7 @@ client; only what a client cannot do (an outage, a compaction) goes to the fixtu
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -403,3 +404,55 @@ def test_a_pod_that_cannot_run_is_reported_not_run(
         ],
     )  # fmt: skip
     assert "spec.shareProcessNamespace: not supported" in events[0]["message"]
+
+
+def test_config_maps_and_secrets_reach_env_and_stay_out_of_the_api(
+    cluster: tuple[ApiServer, Path, KubeClient], start_agent: Callable[..., Agent]
+) -> None:
+    _, kubeconfig, client = cluster
+    secret_value = f"s3cr3t-{uuid.uuid4().hex[:8]}"
+    status, body = client.request(
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        {"metadata": {"name": "settings"}, "data": {"LEVEL": "debug", "color": "blue"}},
+    )
+    assert status == 201, body
+    encoded = base64.b64encode(secret_value.encode()).decode()
+    status, body = client.request(
+        "POST",
+        "/api/v1/namespaces/default/secrets",
+        {"metadata": {"name": "db"}, "data": {"password": encoded}},
+    )
+    assert status == 201, body
+    app = pod_body("app", "testnode", 'echo "$LEVEL $COLOR $DB_PASSWORD_LEN"; sleep 600')
+    app["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "settings"}}]
+    app["spec"]["containers"][0]["env"] = [
+        {"name": "COLOR", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "color"}}},
+        {"name": "DB_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}},
+        {"name": "DB_PASSWORD_LEN", "value": "len=$(DB_PASSWORD)"},
+    ]
+    client.create_pod(app)
+    # A pod whose ConfigMap does not exist waits with the kubelet's reason, and says which.
+    missing = pod_body("missing", "testnode", "sleep 600")
+    missing["spec"]["containers"][0]["env"] = [
+        {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "x"}}}
+    ]
+    client.create_pod(missing)
+    agent = start_agent("--kubeconfig", str(kubeconfig))
+    wait_for("the app running", lambda: running_in_api(client, "app"))
+    line = wait_for(
+        "the app's output", lambda: agent.get("/containerLogs/default/app/main")[1].decode().strip()
+    )
+    assert line == f"debug blue len={secret_value}"
+    waiting = wait_for(
+        "the missing ConfigMap reported",
+        lambda: (p := client.pod("missing")) and container(p)["state"].get("waiting"),
+    )
+    assert waiting["reason"] == "CreateContainerConfigError"
+    assert waiting["message"] == 'configmap "nope" not found'
+    # The Secret's value is in the container's environment only: never in what the agent
+    # serves or sends, nor in its log.
+    for path in ("/pods", "/events", "/"):
+        assert secret_value not in agent.get(path)[1].decode()
+    assert secret_value not in json.dumps(client.pods())
+    assert secret_value not in agent.log()
