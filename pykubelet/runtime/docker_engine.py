@@ -9,7 +9,6 @@ import re
 import struct
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pykubelet.api.model import Pod
@@ -24,6 +23,12 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     StartError,
 )
+from pykubelet.runtime.resources import (
+    CPU_PERIOD,
+    MIN_CPU_QUOTA,
+    MIN_CPU_SHARES,
+    parse_quantity,
+)
 
 # The labels of the kubelet's Docker integration (dockershim), beside those of base.py.
 LABEL_TYPE = "io.kubernetes.docker.type"
@@ -33,9 +38,6 @@ TYPE_SANDBOX = "podsandbox"
 TYPE_CONTAINER = "container"
 SANDBOX_NAME = "POD"
 
-CPU_PERIOD = 100_000  # microseconds, as the kubelet sets it
-MIN_CPU_QUOTA = 1_000
-MIN_CPU_SHARES = 2
 HOSTNAME_MAX = 63
 
 _RUN_STATES = {
@@ -58,30 +60,6 @@ def _now() -> datetime:
 
 
 # --- request bodies and parsing -----------------------------------------------------------------
-
-_BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL = {"m": -1, "": 0, "k": 1, "M": 2, "G": 3, "T": 4, "P": 5, "E": 6}
-_QUANTITY = re.compile(
-    r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|[mkMGTPE]))?$"
-)
-
-
-def parse_quantity(text: str) -> Decimal:
-    """A Kubernetes resource quantity ("128Mi", "0.5", "500m", "1e3") as a number."""
-    match = _QUANTITY.match(text.strip())
-    if match is None:
-        raise ValueError(f"invalid quantity {text!r}")
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number)
-        if exponent:
-            return value * (Decimal(10) ** int(exponent[1:]))
-        suffix = suffix or ""
-        if suffix in _BINARY:
-            return value * Decimal(1024 ** _BINARY[suffix])
-        return value * (Decimal(1000) ** _DECIMAL[suffix])
-    except InvalidOperation as e:
-        raise ValueError(f"invalid quantity {text!r}") from e
 
 
 def resource_limits(limits: dict[str, str]) -> dict[str, int]:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    Mount,
     RuntimeContainer,
     RuntimeFailure,
     RuntimePod,
@@ -70,6 +74,12 @@ UNKNOWN_MESSAGE = "the process exited while the agent was not its parent; its ex
 # After SIGKILL only a process stuck in the kernel (D state) lingers; past this we give up waiting.
 KILL_TIMEOUT = 10.0
 _LOG_BLOCK = 64 * 1024
+
+LAUNCHER = Path(__file__).with_name("launcher.py")
+# Capability bits (linux/capability.h) the launcher needs for users and mounts.
+CAP_SETGID = 6
+CAP_SETUID = 7
+CAP_SYS_ADMIN = 21
 
 
 def _now() -> datetime:
@@ -587,7 +597,11 @@ class ProcessRuntime:
         created_at = _now()
         container_id = uuid.uuid4().hex
         env[ID_VARIABLE] = container_id
-        pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
+        launch = _launch_config(config, argv, cwd, env)
+        if launch is None:
+            pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
+        else:
+            pid, pidfd, start_time = await _spawn_launched(launch, env, log_path)
         rec = _Container(
             id=container_id,
             pod_uid=pod.uid,
@@ -878,7 +892,9 @@ def _reopen(rec: _Container) -> int | None:
     return pidfd
 
 
-def _spawn(argv: list[str], cwd: str, env: dict[str, str], log_path: Path) -> tuple[int, int, int]:
+def _spawn(
+    argv: list[str], cwd: str, env: dict[str, str], log_path: Path, pass_fds: tuple[int, ...] = ()
+) -> tuple[int, int, int]:
     """fork+exec `argv` in a new session writing to `log_path`: (pid, pidfd, /proc start time)."""
     if not os.path.isdir(cwd):  # Popen would say so too, but naming the file, not the problem
         raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
@@ -899,6 +915,7 @@ def _spawn(argv: list[str], cwd: str, env: dict[str, str], log_path: Path) -> tu
             env=env,
             start_new_session=True,  # its own process group, signalled and killed as a whole
             close_fds=True,
+            pass_fds=pass_fds,
         )
     except OSError as e:
         raise _exec_error(argv[0], cwd, e) from e
@@ -935,6 +952,164 @@ def _exec_error(program: str, cwd: str, e: OSError) -> StartError:
     else:
         problem = (e.strerror or str(e)).lower()
     return StartError("RunContainerError", f'exec: "{program}": {problem}')
+
+
+def _capabilities() -> int:
+    """The agent's effective capabilities (CapEff of /proc/self/status), 0 if unreadable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+@cache
+def _effective_capabilities() -> int:
+    return _capabilities()
+
+
+def _launch_config(
+    config: ContainerConfig, argv: list[str], cwd: str, env: dict[str, str]
+) -> dict[str, Any] | None:
+    """The launcher's instructions, or None when a plain fork+exec does (the fast path)."""
+    identity = (
+        (config.run_as_user is not None and config.run_as_user != os.geteuid())
+        or (config.run_as_group is not None and config.run_as_group != os.getegid())
+        or bool(config.supplemental_groups)
+    )
+    mounts = bool(config.mounts) or config.read_only_root_filesystem
+    if not (identity or mounts):
+        return None
+    caps = _effective_capabilities()
+    if mounts and not caps >> CAP_SYS_ADMIN & 1:
+        raise StartError(
+            "CreateContainerConfigError",
+            "volume mounts and readOnlyRootFilesystem need an agent running as root with "
+            "CAP_SYS_ADMIN (a mount namespace per container); this agent has no CAP_SYS_ADMIN",
+        )
+    if identity and not (caps >> CAP_SETUID & 1 and caps >> CAP_SETGID & 1):
+        raise StartError(
+            "CreateContainerConfigError",
+            f"runAsUser/runAsGroup/supplementalGroups need an agent running as root "
+            f"(CAP_SETUID, CAP_SETGID); this agent runs as uid {os.geteuid()} without them",
+        )
+    for m in config.mounts:
+        _check_mount(m)
+    return {
+        "cgroups": [],
+        "mounts": [
+            {"source": m.host_path, "target": m.container_path, "read_only": m.read_only}
+            for m in config.mounts
+        ],
+        "read_only_root": config.read_only_root_filesystem,
+        "uid": config.run_as_user,
+        "gid": config.run_as_group,
+        "groups": list(config.supplemental_groups) if identity else None,
+        "cwd": cwd,
+        "argv": argv,
+        "env": env,
+    }
+
+
+def _check_mount(m: Mount) -> None:
+    for what, path in (("host path", m.host_path), ("container path", m.container_path)):
+        if not os.path.isabs(path) or "\0" in path:
+            raise StartError(
+                "CreateContainerConfigError",
+                f"mount {m.host_path} -> {m.container_path}: the {what} must be absolute",
+            )
+
+
+def _start_launcher(
+    launch: dict[str, Any], env: dict[str, str], log_path: Path
+) -> tuple[int, int, int, int]:
+    """fork+exec the launcher: (pid, pidfd, /proc start time, read end of its error pipe).
+
+    The instructions go through a memfd (no size limit, nothing on disk, no shell); the error
+    pipe's write end is close-on-exec in the launcher, so EOF without data means it exec'd."""
+    config_fd = os.memfd_create("pykubelet-launch", os.MFD_CLOEXEC)
+    err_r, err_w = os.pipe()
+    try:
+        data = json.dumps(launch).encode()
+        while data:
+            data = data[os.write(config_fd, data) :]
+        os.lseek(config_fd, 0, os.SEEK_SET)
+        argv = [sys.executable, "-I", "-S", str(LAUNCHER), str(config_fd), str(err_w)]
+        # "/" as the launcher's cwd: it enters the container's own after the mounts, and reports
+        # a missing one as the container's error.
+        pid, pidfd, start_time = _spawn(argv, "/", env, log_path, pass_fds=(config_fd, err_w))
+    except BaseException:
+        os.close(err_r)
+        raise
+    finally:
+        os.close(config_fd)
+        os.close(err_w)
+    return pid, pidfd, start_time, err_r
+
+
+async def _spawn_launched(
+    launch: dict[str, Any], env: dict[str, str], log_path: Path
+) -> tuple[int, int, int]:
+    pid, pidfd, start_time, err_r = _start_launcher(launch, env, log_path)
+    try:
+        report = await _read_until_eof(err_r)
+    finally:
+        os.close(err_r)
+    if not report:
+        # exec'd (or killed before it could report: its exit is then the container's).
+        return pid, pidfd, start_time
+    await _readable(pidfd)  # it exits right after writing the report
+    _reap(pidfd)
+    os.close(pidfd)
+    raise _launch_error(report, launch)
+
+
+def _launch_error(report: bytes, launch: dict[str, Any]) -> StartError:
+    program, cwd = str(launch["argv"][0]), str(launch["cwd"])
+    try:
+        data = json.loads(report)
+        stage, code, message = str(data["stage"]), data.get("errno"), str(data["message"])
+    except (ValueError, KeyError, TypeError):
+        return StartError("RunContainerError", f"the launcher failed: {report[:200]!r}")
+    if stage == "exec":
+        if not isinstance(code, int):
+            return StartError("CreateContainerConfigError", f"cannot start {program!r}: {message}")
+        return _exec_error(program, cwd, OSError(code, os.strerror(code)))
+    if stage == "chdir" and code == errno.ENOENT:
+        return StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    return StartError("RunContainerError", message)
+
+
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _read_until_eof(fd: int) -> bytes:
+    """All of a pipe, without blocking the loop (the launcher takes ~30 ms to exec)."""
+    os.set_blocking(fd, False)
+    out = b""
+    while True:
+        await _readable(fd)
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return out
+        out += chunk
 
 
 def _create_sandbox(pod_dir: Path, data: dict[str, Any]) -> None:

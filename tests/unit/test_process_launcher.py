@@ -1,0 +1,196 @@
+"""The process runtime's launcher, through ProcessRuntime: mounts, users, its start errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pykubelet.runtime.base import ContainerConfig, ContainerRunState, Mount, StartError
+from pykubelet.runtime.process import ProcessRuntime
+from tests.unit.test_process_runtime import (
+    config,
+    current,
+    kill_quietly,
+    new_pod,
+    sh,
+    wait_exited,
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's features need root")
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    yield runtime
+    for pod in await runtime.list_pods():
+        await runtime.remove_pod(pod.uid)
+    await runtime.close()
+
+
+def with_(c: ContainerConfig, **changes: object) -> ContainerConfig:
+    return dataclasses.replace(c, **changes)  # type: ignore[arg-type]
+
+
+def proc_file(pid: int, name: str) -> bytes:
+    with open(f"/proc/{pid}/{name}", "rb") as f:
+        return f.read()
+
+
+# A supplemental group is the cheapest way to route a container through the launcher.
+LAUNCHED: dict[str, object] = {"supplemental_groups": [4321]}
+
+
+async def test_launcher_reports_exec_errors_as_plain_starts_do(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    pod, sb = await new_pod(rt)
+    with pytest.raises(StartError) as e:
+        await rt.start_container(
+            pod, sb, with_(config(command=["no-such-program-pykubelet"]), **LAUNCHED)
+        )
+    assert (e.value.reason, e.value.message) == (
+        "RunContainerError",
+        'exec: "no-such-program-pykubelet": executable file not found in $PATH',
+    )
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o644)
+    with pytest.raises(StartError) as e:
+        await rt.start_container(pod, sb, with_(config(command=[str(script)]), **LAUNCHED))
+    assert e.value.reason == "RunContainerError" and "permission denied" in e.value.message
+    with pytest.raises(StartError) as e:
+        cfg = config("true", command=["/bin/sh"], working_dir=str(tmp_path / "nope"))
+        await rt.start_container(pod, sb, with_(cfg, **LAUNCHED))
+    assert (e.value.reason, e.value.message) == (
+        "RunContainerError",
+        f'the working directory "{tmp_path}/nope" does not exist',
+    )
+    with pytest.raises(StartError) as e:
+        mount = Mount(str(tmp_path / "missing-source"), str(tmp_path / "m"))
+        await rt.start_container(pod, sb, with_(sh("true"), mounts=[mount]))
+    assert e.value.reason == "RunContainerError" and "missing-source is missing" in e.value.message
+    got = await rt.get_pod(pod.uid)
+    assert got is not None and got.containers == []  # nothing recorded, nothing left running
+
+
+async def test_bind_mounts_rw_ro_and_file(rt: ProcessRuntime, tmp_path: Path) -> None:
+    pod, sb = await new_pod(rt)
+    src_rw, src_ro = tmp_path / "rw", tmp_path / "ro"
+    src_rw.mkdir()
+    src_ro.mkdir()
+    (src_ro / "data").write_text("from the host\n")
+    src_file = tmp_path / "one.conf"
+    src_file.write_text("key=value\n")
+    inside = tmp_path / "inside"  # no mount points exist yet: the launcher creates them
+    mounts = [
+        Mount(str(src_rw), str(inside / "rw")),
+        Mount(str(src_ro), str(inside / "ro"), read_only=True),
+        Mount(str(src_file), str(inside / "etc" / "one.conf"), read_only=True),
+    ]
+    script = (
+        "cat ro/data etc/one.conf; echo written > rw/out; "
+        "touch ro/x 2>/dev/null || echo ro-refused; "
+        "{ echo more >> etc/one.conf; } 2>/dev/null || echo file-refused"
+    )
+    c = await rt.start_container(pod, sb, with_(sh(script, working_dir=str(inside)), mounts=mounts))
+    done = await wait_exited(rt, c)
+    assert done.exit_code == 0, await rt.read_log(c)
+    assert await rt.read_log(c) == b"from the host\nkey=value\nro-refused\nfile-refused\n"
+    assert (src_rw / "out").read_text() == "written\n"
+    assert not (src_ro / "x").exists() and src_file.read_text() == "key=value\n"
+    # The mounts lived in the container's namespace only; the created mount points stay, empty.
+    assert list((inside / "rw").iterdir()) == [] and list((inside / "ro").iterdir()) == []
+    assert (inside / "etc" / "one.conf").read_text() == ""
+
+
+async def test_read_only_root_filesystem(rt: ProcessRuntime, tmp_path: Path) -> None:
+    pod, sb = await new_pod(rt)
+    data = tmp_path / "data"
+    data.mkdir()
+    probe = tmp_path / "on-root"
+    # The binds stay writable; their mount points are made before / turns read-only.
+    mounts = [Mount(str(data), str(tmp_path / "mnt"))]
+    script = f"touch {probe} 2>/dev/null || echo root-refused; echo ok > {tmp_path}/mnt/f"
+    c = await rt.start_container(
+        pod, sb, with_(sh(script), read_only_root_filesystem=True, mounts=mounts)
+    )
+    done = await wait_exited(rt, c)
+    log = await rt.read_log(c)
+    assert done.exit_code == 0, log
+    assert log == b"root-refused\n" and not probe.exists()
+    assert (data / "f").read_text() == "ok\n"
+
+
+async def test_run_as_user_group_and_supplemental_groups(rt: ProcessRuntime) -> None:
+    pod, sb = await new_pod(rt)
+    c = await rt.start_container(
+        pod,
+        sb,
+        with_(
+            sh("id -u; id -g; id -G; pwd"),
+            run_as_user=65534,
+            run_as_group=4000,
+            supplemental_groups=[4001, 4002],
+        ),
+    )
+    done = await wait_exited(rt, c)
+    log = (await rt.read_log(c)).decode().splitlines()
+    assert done.exit_code == 0, log
+    assert log[:2] == ["65534", "4000"]
+    assert sorted(log[2].split()) == ["4000", "4001", "4002"]
+    # The default working directory (the pod's, 0700 root) was entered before dropping root.
+    assert log[3].endswith(pod.uid)
+
+    # runAsUser alone takes the user's primary group from /etc/passwd, as runc does.
+    only_user = await rt.start_container(
+        pod, sb, with_(sh("id -u; id -g", name="u"), run_as_user=65534)
+    )
+    await wait_exited(rt, only_user)
+    assert await rt.read_log(only_user) == b"65534\n65534\n"
+
+
+async def test_launched_container_is_adopted_after_a_restart(tmp_path: Path) -> None:
+    a = ProcessRuntime(tmp_path)
+    await a.start()
+    pod, sb = await new_pod(a)
+    c = await a.start_container(pod, sb, with_(sh("exec sleep 60"), run_as_user=65534))
+    assert c.pid is not None
+    try:
+        await a.close()  # as after a SIGKILL of the agent: the process runs on
+        b = ProcessRuntime(tmp_path)
+        await b.start()
+        adopted = await current(b, c)
+        assert adopted.state is ContainerRunState.RUNNING and adopted.pid == c.pid
+        # The pid is the one the launcher exec'd into: it is the user's `sleep` now.
+        status = proc_file(c.pid, "status").decode()
+        assert "\nUid:\t65534\t" in status
+        assert proc_file(c.pid, "cmdline") == b"sleep\x0060\x00"
+        await b.stop_container(adopted, grace_seconds=5)
+        assert (await current(b, c)).state is ContainerRunState.EXITED
+        await b.remove_pod(pod.uid)
+        await b.close()
+    finally:
+        kill_quietly(c.pid)
+
+
+async def test_unprivileged_agent_refuses_mounts_and_users(
+    rt: ProcessRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pykubelet.runtime import process
+
+    monkeypatch.setattr(process, "_effective_capabilities", lambda: 0)
+    pod, sb = await new_pod(rt)
+    with pytest.raises(StartError) as e:
+        await rt.start_container(
+            pod, sb, with_(sh("true"), mounts=[Mount(str(tmp_path), str(tmp_path / "m"))])
+        )
+    assert e.value.reason == "CreateContainerConfigError" and "CAP_SYS_ADMIN" in e.value.message
+    with pytest.raises(StartError) as e:
+        await rt.start_container(pod, sb, with_(sh("true"), run_as_user=1000))
+    assert e.value.reason == "CreateContainerConfigError" and "runAsUser" in e.value.message
