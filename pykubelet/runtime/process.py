@@ -487,7 +487,8 @@ class ProcessRuntime:
         env: list[tuple[str, str]],
         timeout_seconds: float,
     ) -> ExecResult:
-        """On the host, in the container process's working directory, with its environment."""
+        """As the container's main process sees the machine: its working directory, its
+        environment, and, if it has them, its mount namespace (its volumes) and its user."""
         rec = self._find(container)
         if rec is None or not rec.running:
             raise RuntimeFailure(f"container {container.name} is not running")
@@ -496,9 +497,8 @@ class ProcessRuntime:
         except OSError:
             cwd = str(self._pod_dir(rec.pod_uid))
         try:
-            return await run_command(
-                command, cwd, _container_env(rec.pod_name, env), timeout_seconds
-            )
+            argv = _enter_argv(rec.pid, command)
+            return await run_command(argv, cwd, _container_env(rec.pod_name, env), timeout_seconds)
         except (OSError, ValueError) as e:
             raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
 
@@ -850,6 +850,36 @@ class ProcessRuntime:
             # Still listed, so that housekeeping can remove a directory nothing else describes.
             name, namespace = "", ""
         return _Loaded(_Pod(uid, name, namespace, sandbox, {c.id: c for c in containers}))
+
+
+def _enter_argv(pid: int, command: list[str]) -> list[str]:
+    """`command`, wrapped to run in the mount namespace and as the user of process `pid`.
+
+    util-linux's nsenter and setpriv do the entering: a launched container's probes and hooks
+    must see its volumes (a file a liveness probe reads is in an emptyDir) and run as its user.
+    """
+    prefix: list[str] = []
+    try:
+        theirs = os.stat(f"/proc/{pid}/ns/mnt").st_ino
+        ours = os.stat("/proc/self/ns/mnt").st_ino
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as e:
+        raise RuntimeFailure(f"cannot inspect process {pid}: {e}") from e
+    if theirs != ours:
+        prefix += ["nsenter", f"--target={pid}", "--mount", "--wd", "--"]
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    uid = int(fields["Uid"].split()[1])  # real, effective, saved, fs: the effective one
+    gid = int(fields["Gid"].split()[1])
+    groups = fields.get("Groups", "").split()
+    if (uid, gid) != (os.geteuid(), os.getegid()):
+        prefix += [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            f"--groups={','.join(groups)}" if groups else "--clear-groups",
+            "--",
+        ]
+    return [*prefix, *command]
 
 
 def _kill_tagged(container_id: str) -> None:
