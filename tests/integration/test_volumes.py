@@ -1,4 +1,4 @@
-"""Volumes end to end: what a pod sees in its mounts, what the node allows, and what is cleaned up."""
+"""Volumes end to end: what a pod sees in its mounts, what the node allows, what is removed."""
 
 from __future__ import annotations
 
