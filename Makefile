@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 ROOT_DIR ?= .run/root
 PORT ?= 10255
 
-.PHONY: run test test-env lint unit integration bench clean venv
+.PHONY: run test test-env lint unit integration bench soak clean venv
 
 # What the tests need on the machine: Podman for the docker runtime's tests (their session
 # fixture writes a private Podman configuration, builds the images and starts, then stops, the
@@ -38,13 +38,17 @@ unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit
 
 integration: $(STAMP)
-	$(BIN)/pytest -q tests/integration
+	$(BIN)/pytest -q -m 'not soak' tests/integration
 
 test-env:
 	@scripts/install-debian-packages $(TEST_PACKAGES)
 
 test: lint test-env
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider -m 'not soak' tests
+
+# The long variants of the fault tests (10,000 manifests, 60 SIGKILLs during churn): not in CI.
+soak: $(STAMP) test-env
+	$(BIN)/pytest -q -p no:cacheprovider -m soak tests
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

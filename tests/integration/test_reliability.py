@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.agent import (
     NODE,
     Agent,
@@ -55,7 +57,10 @@ def sleeps() -> dict[str, list[int]]:
     return found
 
 
-def test_sigkill_during_churn_converges(start_agent, manifests: Path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    "crashes", [6, pytest.param(60, marks=pytest.mark.soak, id="soak")], ids=lambda n: f"{n}"
+)
+def test_sigkill_during_churn_converges(start_agent, manifests: Path, crashes: int) -> None:  # type: ignore[no-untyped-def]
     seed = int(os.environ.get("CHURN_SEED", time.time()))
     rng = random.Random(seed)
     print(f"churn seed {seed} (CHURN_SEED={seed} repeats it)")
@@ -68,7 +73,7 @@ def test_sigkill_during_churn_converges(start_agent, manifests: Path) -> None:  
     first = wait_for("initial pods", lambda: len(_running(agent)) == 2 and _running(agent))
     first_ids = {name: container_state(pod)["containerID"] for name, pod in first.items()}
 
-    for _ in range(6):
+    for _ in range(crashes):
         for _ in range(rng.randint(2, 6)):
             i = rng.randint(2, 9)
             op = rng.choice(["write", "write", "delete"])
