@@ -34,12 +34,19 @@ class KubeClient:
 
         self.api = config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
 
-    def request(self, method: str, path: str, body: Any = None, query: Any = ()) -> tuple[int, Obj]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Any = (),
+        content_type: str = "application/json",
+    ) -> tuple[int, Obj]:
         params = self.api.param_serialize(
             method=method,
             resource_path=path,
             query_params=list(query),
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": "application/json", "Content-Type": content_type},
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -456,3 +463,60 @@ def test_config_maps_and_secrets_reach_env_and_stay_out_of_the_api(
         assert secret_value not in agent.get(path)[1].decode()
     assert secret_value not in json.dumps(client.pods())
     assert secret_value not in agent.log()
+
+
+def test_config_map_and_secret_volumes_follow_their_objects(
+    cluster: tuple[ApiServer, Path, KubeClient], start_agent: Callable[..., Agent]
+) -> None:
+    _, kubeconfig, client = cluster
+    configmaps = "/api/v1/namespaces/default/configmaps"
+    status, body = client.request(
+        "POST", configmaps, {"metadata": {"name": "web"}, "data": {"color": "blue"}}
+    )
+    assert status == 201, body
+    status, body = client.request(
+        "POST",
+        "/api/v1/namespaces/default/secrets",
+        {"metadata": {"name": "tls"}, "data": {"key": base64.b64encode(b"k3y").decode()}},
+    )
+    assert status == 201, body
+    app = pod_body(
+        "web",
+        "testnode",
+        "cat /media/tls.key; echo; while :; do cat /mnt/color; echo; "
+        "touch /mnt/x 2>/dev/null && echo writable; sleep 0.3; done",
+    )
+    app["spec"]["volumes"] = [
+        {"name": "conf", "configMap": {"name": "web"}},
+        {
+            "name": "certs",
+            "secret": {"secretName": "tls", "items": [{"key": "key", "path": "tls.key"}]},
+        },
+    ]
+    app["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "conf", "mountPath": "/mnt"},
+        {"name": "certs", "mountPath": "/media"},
+    ]
+    client.create_pod(app)
+    agent = start_agent("--kubeconfig", str(kubeconfig), "--sync-frequency", "2s")
+    logs = "/containerLogs/default/web/main"
+
+    def output() -> list[str]:
+        status, body = agent.get(logs)
+        return body.decode().split("\n") if status == 200 else []
+
+    first = wait_for("the files", lambda: len(output()) > 2 and output())
+    assert first[:2] == ["k3y", "blue"]
+    status, body = client.request(
+        "PATCH",
+        f"{configmaps}/web",
+        {"data": {"color": "green"}},
+        content_type="application/merge-patch+json",
+    )
+    assert status == 200, body
+    wait_for(
+        "the edited ConfigMap in the volume",
+        lambda: output()[-2:] == ["green", ""],
+        timeout=20,
+    )
+    assert "writable" not in agent.get(logs)[1].decode()  # always mounted read-only
