@@ -192,6 +192,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="pods admitted at once; more are rejected with reason OutOfpods (default 110)",
     )
     p.add_argument(
+        "--pod-max-pids",
+        type=int,
+        default=-1,
+        help="processes (pids) each pod may have at once; -1: unlimited (default -1)",
+    )
+    p.add_argument(
         "--config",
         type=Path,
         metavar="PATH",
@@ -240,6 +246,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         node_ip=ns.node_ip,
         keep_pods_on_exit=ns.keep_pods_on_exit,
         max_pods=ns.max_pods,
+        pod_max_pids=ns.pod_max_pids,
         log_format=ns.log_format,
         verbosity=ns.verbosity,
     )
@@ -281,7 +288,7 @@ def make_runtime(opts: Options, host_ip: str) -> Runtime:
         )
     from pykubelet.runtime.process import ProcessRuntime
 
-    return ProcessRuntime(opts.root_dir, node_ip=host_ip)
+    return ProcessRuntime(opts.root_dir, node_ip=host_ip, pod_pids_limit=opts.pod_max_pids)
 
 
 async def run_agent(opts: Options) -> int:

@@ -72,6 +72,7 @@ class Options:
     node_ip: str | None = None
     keep_pods_on_exit: bool = False
     max_pods: int = 110
+    pod_max_pids: int = -1  # per pod; -1: unlimited
     log_format: str = "text"
     verbosity: int = 0
 
@@ -88,6 +89,8 @@ class Options:
                 problems.append(f"{flag}: must be greater than 0")
         if self.max_pods < 1:
             problems.append("--max-pods: must be at least 1")
+        if self.pod_max_pids < -1:
+            problems.append("--pod-max-pids: must be -1 (unlimited) or more")
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if self.manifest_url is not None and not self.manifest_url.startswith(

@@ -52,6 +52,7 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
     StartError,
 )
+from pykubelet.runtime.cgroups import Cgroups, Settings
 from pykubelet.runtime.hostexec import run_command
 from pykubelet.runtime.statefile import StateFileError
 
@@ -265,6 +266,8 @@ class _Container:
     # Orders the writes of the state file and its deletion.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     removed: bool = False  # the state file is deleted: never write it again
+    cgroup: bool = False  # it has cgroups to read (OOM) and remove at its exit
+    finishing: bool = False  # its exit was seen and its cgroups are being emptied
 
     @property
     def running(self) -> bool:
@@ -358,6 +361,7 @@ class _Loaded:
 
     pod: _Pod
     alive: dict[str, int] = field(default_factory=dict)  # container id -> pidfd
+    oom: set[str] = field(default_factory=set)  # gone while the agent was away, OOM-killed
 
 
 # --- the runtime --------------------------------------------------------------------------------
@@ -374,7 +378,10 @@ class ProcessRuntime:
 
     name = NAME
 
-    def __init__(self, root_dir: Path, node_ip: str = "127.0.0.1") -> None:
+    def __init__(
+        self, root_dir: Path, node_ip: str = "127.0.0.1", pod_pids_limit: int = -1
+    ) -> None:
+        self._cgroups = Cgroups(pod_pids_limit)
         self._dir = root_dir / "runtime" / "process"
         self._node_ip = node_ip
         self._pods: dict[str, _Pod] = {}
@@ -391,6 +398,7 @@ class ProcessRuntime:
         if not hasattr(os, "pidfd_open") or not hasattr(os, "P_PIDFD"):
             raise RuntimeFailure("the process runtime needs Linux >= 5.3 (pidfd_open, P_PIDFD)")
         try:
+            await asyncio.to_thread(self._cgroups.detect)
             loaded = await asyncio.to_thread(self._load)
         except OSError as e:
             raise RuntimeFailure(f"cannot load the process runtime's state: {e}") from e
@@ -418,7 +426,7 @@ class ProcessRuntime:
                         rec.pod_name,
                         rec.pid,
                     )
-                    self._record_exit(rec, UNKNOWN_EXIT_CODE, UNKNOWN_REASON, UNKNOWN_MESSAGE)
+                    self._record_code(rec, None, rec.id in item.oom)
 
     async def close(self) -> None:
         """Stop watching; the processes keep running and the next start() adopts them."""
@@ -550,6 +558,10 @@ class ProcessRuntime:
                     async with rec.lock:
                         rec.removed = True
             try:
+                await asyncio.to_thread(self._cgroups.remove_pod, uid)
+            except OSError as e:
+                raise RuntimeFailure(f"cannot remove the cgroups of pod {uid}: {e}") from e
+            try:
                 await asyncio.to_thread(_remove_tree, self._pod_dir(uid))
             except OSError as e:
                 raise RuntimeFailure(f"cannot delete the files of pod {uid}: {e}") from e
@@ -597,11 +609,29 @@ class ProcessRuntime:
         created_at = _now()
         container_id = uuid.uuid4().hex
         env[ID_VARIABLE] = container_id
-        launch = _launch_config(config, argv, cwd, env)
-        if launch is None:
-            pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
-        else:
-            pid, pidfd, start_time = await _spawn_launched(launch, env, log_path)
+        settings = self._cgroup_settings(config)
+        launch = _launch_config(config, argv, cwd, env, settings is not None)
+        procs: list[str] = []
+        if settings is not None:
+            try:
+                procs = await asyncio.to_thread(
+                    self._cgroups.create, pod.uid, container_id, settings
+                )
+            except OSError as e:
+                raise StartError(
+                    "RunContainerError",
+                    f"cannot create the cgroups of container {config.name}: {e}",
+                ) from e
+        try:
+            if launch is None:
+                pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
+            else:
+                launch["cgroups"] = procs
+                pid, pidfd, start_time = await _spawn_launched(launch, env, log_path)
+        except BaseException:
+            if procs:
+                await self._remove_cgroups(pod.uid, container_id)
+            raise
         rec = _Container(
             id=container_id,
             pod_uid=pod.uid,
@@ -617,6 +647,7 @@ class ProcessRuntime:
             created_at=created_at,
             started_at=_now(),
             pidfd=pidfd,
+            cgroup=bool(procs),
         )
         state.containers[rec.id] = rec
         self._watch(rec)
@@ -632,6 +663,22 @@ class ProcessRuntime:
             ) from e
         self._notify(pod.uid)
         return started
+
+    def _cgroup_settings(self, config: ContainerConfig) -> Settings | None:
+        """The container's cgroup limits, or None if it needs none or cgroups are unusable."""
+        if not self._cgroups.wanted(config.limits, config.requests):
+            return None
+        try:
+            settings = Settings.of(config.limits, config.requests)
+        except ValueError as e:
+            raise StartError("CreateContainerConfigError", f"resources: {e}") from e
+        return settings if self._cgroups.warn_once() else None
+
+    async def _remove_cgroups(self, uid: str, container_id: str) -> None:
+        try:
+            await asyncio.to_thread(self._cgroups.remove, uid, container_id)
+        except OSError as e:
+            log.error("cannot remove the cgroups of container %s: %s", container_id, e)
 
     async def stop_container(self, container: RuntimeContainer, grace_seconds: float) -> None:
         rec = self._find(container)
@@ -700,7 +747,15 @@ class ProcessRuntime:
 
     def _on_exit(self, rec: _Container) -> None:
         pidfd = rec.pidfd
-        if pidfd is None:
+        if pidfd is None or rec.finishing:
+            return
+        if rec.cgroup:
+            # Unreaped, the zombie keeps its pid (and group id) while the cgroups are read and
+            # emptied in a thread; then the exit is handled as below.
+            rec.finishing = True
+            assert self._loop is not None
+            self._loop.remove_reader(pidfd)
+            self._spawn_task(self._finish_cgroups(rec))
             return
         # Leftovers die with their container's main process, as in a PID namespace. Do it before
         # reaping: until then the zombie keeps its pid, so the group id names only this
@@ -709,7 +764,27 @@ class ProcessRuntime:
         _kill_group(rec.pid, signal.SIGKILL)
         code = _reap(pidfd)
         self._unwatch(rec)
-        if code is None:
+        self._record_code(rec, code, oom=False)
+
+    async def _finish_cgroups(self, rec: _Container) -> None:
+        try:
+            oom = await asyncio.to_thread(self._cgroups.finish, rec.pod_uid, rec.id)
+        except OSError as e:
+            log.error("container %s: cannot clean up its cgroups: %s", rec.id, e)
+            oom = False
+        pidfd = rec.pidfd
+        if pidfd is None:  # close() came first: the next start() sees the exit
+            return
+        _kill_group(rec.pid, signal.SIGKILL)
+        code = _reap(pidfd)
+        self._unwatch(rec)
+        self._record_code(rec, code, oom)
+
+    def _record_code(self, rec: _Container, code: int | None, oom: bool) -> None:
+        if oom and code != 0:
+            # Killed by the kernel for its memory limit, as the kubelet reports it.
+            self._record_exit(rec, UNKNOWN_EXIT_CODE if code is None else code, "OOMKilled", None)
+        elif code is None:
             self._record_exit(rec, UNKNOWN_EXIT_CODE, UNKNOWN_REASON, UNKNOWN_MESSAGE)
         else:
             self._record_exit(rec, code, "Completed" if code == 0 else "Error", None)
@@ -807,6 +882,14 @@ class ProcessRuntime:
                     pidfd = _reopen(rec)
                     if pidfd is not None:
                         item.alive[rec.id] = pidfd
+                        rec.cgroup = self._cgroups.exists(rec.pod_uid, rec.id)
+                        continue
+                # Gone: what is left of its cgroups goes, after the OOM counter was read.
+                try:
+                    if self._cgroups.finish(rec.pod_uid, rec.id) and rec.running:
+                        item.oom.add(rec.id)
+                except OSError as e:
+                    log.warning("container %s: cannot clean up its cgroups: %s", rec.id, e)
         return loaded
 
     def _load_pod(self, pod_dir: Path) -> _Loaded:
@@ -971,7 +1054,7 @@ def _effective_capabilities() -> int:
 
 
 def _launch_config(
-    config: ContainerConfig, argv: list[str], cwd: str, env: dict[str, str]
+    config: ContainerConfig, argv: list[str], cwd: str, env: dict[str, str], cgroups: bool
 ) -> dict[str, Any] | None:
     """The launcher's instructions, or None when a plain fork+exec does (the fast path)."""
     identity = (
@@ -980,7 +1063,7 @@ def _launch_config(
         or bool(config.supplemental_groups)
     )
     mounts = bool(config.mounts) or config.read_only_root_filesystem
-    if not (identity or mounts):
+    if not (identity or mounts or cgroups):
         return None
     caps = _effective_capabilities()
     if mounts and not caps >> CAP_SYS_ADMIN & 1:
