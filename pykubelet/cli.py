@@ -285,6 +285,7 @@ def make_runtime(opts: Options, host_ip: str) -> Runtime:
             opts.pod_infra_container_image,
             opts.root_dir,
             node_ip=host_ip,
+            pod_pids_limit=opts.pod_max_pids,
         )
     from pykubelet.runtime.process import ProcessRuntime
 
