@@ -17,6 +17,13 @@ from tests.integration.agent import (
 )
 
 RUN = f"{os.getpid() % 1000:03d}"
+# The agent is our child: its cpu cgroup (v1, on these machines) is ours.
+_OWN_CPU = next(
+    line.split(":", 2)[2]
+    for line in Path("/proc/self/cgroup").read_text().splitlines()
+    if "cpu" in line.split(":")[1].split(",") or line.startswith("0::")
+)
+CPU_CGROUPS = Path("/sys/fs/cgroup/cpu") / _OWN_CPU.lstrip("/") / "pykubelet"
 
 
 def _terminated(agent, name: str) -> dict | None:  # type: ignore[no-untyped-def,type-arg]
@@ -54,7 +61,11 @@ def test_pod_max_pids_bounds_a_fork_bomb(start_agent, manifests: Path, backend: 
         "echo all-200-started; wait"
     )
     write_pod(manifests, "bomb", pod_yaml("bomb", bomb, restart="Never", grace=2))
-    write_pod(manifests, "calm", pod_yaml("calm", backend.forever()))
+    write_pod(
+        manifests,
+        "calm",
+        pod_yaml("calm", backend.forever()) + "    resources: {requests: {cpu: 100m}}\n",
+    )
     agent = start_agent(*backend.flags, "--pod-max-pids", "20")
     seen = 0
     deadline = time.monotonic() + 60
@@ -68,5 +79,10 @@ def test_pod_max_pids_bounds_a_fork_bomb(start_agent, manifests: Path, backend: 
     assert "all-200-started" not in log and "fork" in log.lower(), log
     assert seen < 20, f"{seen} sleeps ran at once under a limit of 20 pids"
     wait_for("the bomb's sleeps to be gone", lambda: not processes_with(marker))
-    assert "running" in container_state(agent.pod("calm"))["state"]
+    calm = agent.pod("calm")
+    assert "running" in container_state(calm)["state"]
     assert agent.get("/healthz") == (200, b"ok")
+    if backend.engine is None:  # the request reached the container's cgroup (kubelet's shares)
+        cid = container_state(calm)["containerID"].removeprefix("process://")
+        shares = CPU_CGROUPS / f"pod{calm['metadata']['uid']}" / cid / "cpu.shares"
+        assert shares.read_text().strip() == "102"
