@@ -77,6 +77,7 @@ KILL_TIMEOUT = 10.0
 _LOG_BLOCK = 64 * 1024
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
+LAUNCH_TIMEOUT = 60.0
 # Capability bits (linux/capability.h) the launcher needs for users and mounts.
 CAP_SETGID = 6
 CAP_SETUID = 7
@@ -1137,7 +1138,21 @@ async def _spawn_launched(
 ) -> tuple[int, int, int]:
     pid, pidfd, start_time, err_r = _start_launcher(launch, env, log_path)
     try:
-        report = await _read_until_eof(err_r)
+        async with asyncio.timeout(LAUNCH_TIMEOUT):
+            report = await _read_until_eof(err_r)
+    except BaseException as e:
+        # Cancelled, or stuck (a mount on a dead NFS server): never leave it running unrecorded.
+        _kill_group(pid, signal.SIGKILL)
+        await _readable(pidfd)
+        _reap(pidfd)
+        os.close(pidfd)
+        if isinstance(e, TimeoutError):
+            raise StartError(
+                "RunContainerError",
+                f"the launcher of {launch['argv'][0]!r} did not exec it within "
+                f"{LAUNCH_TIMEOUT:g} s (a mount or a cgroup hanging?); it was killed",
+            ) from None
+        raise
     finally:
         os.close(err_r)
     if not report:
