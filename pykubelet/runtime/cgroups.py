@@ -217,6 +217,11 @@ class Cgroups:
                 if s.cpu_quota is not None:
                     _write(cdir / "cpu.max", f"{s.cpu_quota} {CPU_PERIOD}")
 
+    def procs_files(self, pod_uid: str, container_id: str) -> list[str]:
+        """The cgroup.procs files of the container's existing cgroups (to join them)."""
+        files = {str(cdir / "cgroup.procs") for _, cdir in self._dirs(pod_uid, container_id)}
+        return sorted(f for f in files if os.path.exists(f))
+
     def exists(self, pod_uid: str, container_id: str) -> bool:
         return any(cdir.is_dir() for _, cdir in self._dirs(pod_uid, container_id))
 

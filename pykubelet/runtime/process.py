@@ -504,10 +504,21 @@ class ProcessRuntime:
             cwd = os.readlink(f"/proc/{rec.pid}/cwd")
         except OSError:
             cwd = str(self._pod_dir(rec.pod_uid))
-        try:
-            return await run_command(
-                command, cwd, _container_env(rec.pod_name, env), timeout_seconds
+        full_env = _container_env(rec.pod_name, env)
+        enter = await asyncio.to_thread(_exec_context, rec.pid)
+        argv = command
+        if enter is not None or rec.cgroup:
+            # As in a container: its mounts, user and cgroups (read from the live process, so
+            # this holds for adopted containers too).
+            enter = enter or {}
+            enter["cgroups"] = await asyncio.to_thread(
+                self._cgroups.procs_files, rec.pod_uid, rec.id
             )
+            enter.update(cwd=cwd, argv=command, env=full_env)
+            argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", json.dumps(enter)]
+            cwd = "/"
+        try:
+            return await run_command(argv, cwd, full_env, timeout_seconds)
         except (OSError, ValueError) as e:
             raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
 
@@ -1036,6 +1047,25 @@ def _exec_error(program: str, cwd: str, e: OSError) -> StartError:
     else:
         problem = (e.strerror or str(e)).lower()
     return StartError("RunContainerError", f'exec: "{program}": {problem}')
+
+
+def _exec_context(pid: int) -> dict[str, Any] | None:
+    """How to run a command as in the container of `pid`: its mount namespace if not ours, its
+    uid, gid and groups if not root's; None if it runs as the agent's processes do."""
+    out: dict[str, Any] = {}
+    try:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+            out["mount_ns_pid"] = pid
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+        uid, gid = int(fields["Uid"].split()[1]), int(fields["Gid"].split()[1])
+        groups = [int(g) for g in fields["Groups"].split()]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None  # gone meanwhile: the command runs as on the host, and the probe fails
+    if (uid, gid, sorted(groups)) != (os.geteuid(), os.getegid(), sorted(os.getgroups())):
+        out.update(uid=uid, gid=gid, groups=groups)
+    return out or None
 
 
 def _capabilities() -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -194,3 +195,33 @@ async def test_unprivileged_agent_refuses_mounts_and_users(
     with pytest.raises(StartError) as e:
         await rt.start_container(pod, sb, with_(sh("true"), run_as_user=1000))
     assert e.value.reason == "CreateContainerConfigError" and "runAsUser" in e.value.message
+
+
+async def test_exec_runs_in_the_containers_mounts_user_and_cgroups(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    pod, sb = await new_pod(rt)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ready").write_text("yes\n")
+    # Reachable by the user: the test's own directories are 0700 root.
+    target = Path("/tmp") / f"pykubelet-exec-{uuid.uuid4().hex}"
+    cfg = with_(
+        sh("exec sleep 60"),
+        mounts=[Mount(str(src), str(target), read_only=True)],
+        run_as_user=65534,
+        supplemental_groups=[4001],
+        limits={"memory": "64Mi"},
+    )
+    c = await rt.start_container(pod, sb, cfg)
+    probe = ["/bin/sh", "-c", f"cat {target}/ready; id -u; id -G; grep memory /proc/self/cgroup"]
+    result = await rt.exec_sync(c, probe, [("A", "1")], timeout_seconds=10)
+    lines = result.output.decode().splitlines()
+    assert result.exit_code == 0, lines
+    assert lines[0] == "yes" and lines[1] == "65534" and "4001" in lines[2].split()
+    assert lines[3].endswith(f"/pod{pod.uid}/{c.id}")
+    # A command that cannot start fails the probe with the reason in its output.
+    missing = await rt.exec_sync(c, ["no-such-probe-pykubelet"], [], timeout_seconds=10)
+    assert missing.exit_code == 127 and b"No such file" in missing.output
+    await rt.stop_container(c, grace_seconds=5)
+    target.rmdir()  # the mount point the launcher made, empty on the host
