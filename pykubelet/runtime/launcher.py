@@ -8,7 +8,8 @@ pykubelet package.
 CONFIG_FD holds the instructions as JSON (a memfd, read once):
     {"cgroups": [".../cgroup.procs", ...], "mounts": [{"source", "target", "read_only"}],
      "read_only_root": bool, "uid": int|null, "gid": int|null, "groups": [int]|null,
-     "cwd": str, "argv": [str, ...], "env": {str: str}}
+     "cwd": str, "argv": [str, ...], "env": {str: str}, "home_of_user": bool}
+("home_of_user": HOME becomes the user's home from /etc/passwd, or /, as runc sets it.)
 In that order, the launcher joins the cgroups (before anything is forked, so nothing escapes
 them), enters a private mount namespace with the binds, drops to the user and execs. Any failure
 before the exec is written to ERROR_FD as one JSON object {"stage", "errno", "message"} and the
@@ -136,6 +137,15 @@ def _chdir(cwd: str) -> OSError | None:
     return None
 
 
+def _home(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_dir or "/"
+    except KeyError:
+        return "/"  # as runc, for a uid without a passwd entry
+
+
 def _primary_gid(uid: int) -> int:
     import pwd  # a builtin module: no site-packages needed
 
@@ -182,6 +192,9 @@ def launch(config: dict[str, Any], error_fd: int | None) -> None:
         raise LaunchError("chdir", f"cannot enter {cwd}: {err.strerror}", err.errno)
     argv = [str(a) for a in config["argv"]]
     env = {str(k): str(v) for k, v in config["env"].items()}
+    uid = config.get("uid")
+    if config.get("home_of_user") and uid is not None:
+        env["HOME"] = _home(int(uid))
     if error_fd is not None:
         os.set_inheritable(error_fd, False)  # closed by a successful exec: the agent reads EOF
     try:

@@ -514,7 +514,8 @@ class ProcessRuntime:
             enter["cgroups"] = await asyncio.to_thread(
                 self._cgroups.procs_files, rec.pod_uid, rec.id
             )
-            enter.update(cwd=cwd, argv=command, env=full_env)
+            home_of_user = not any(name == "HOME" for name, _ in env)
+            enter.update(cwd=cwd, argv=command, env=full_env, home_of_user=home_of_user)
             argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", json.dumps(enter)]
             cwd = "/"
         try:
@@ -1124,6 +1125,7 @@ def _launch_config(
         "cwd": cwd,
         "argv": argv,
         "env": env,
+        "home_of_user": not any(name == "HOME" for name, _ in config.env),
     }
 
 

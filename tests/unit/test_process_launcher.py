@@ -150,10 +150,16 @@ async def test_run_as_user_group_and_supplemental_groups(rt: ProcessRuntime) -> 
 
     # runAsUser alone takes the user's primary group from /etc/passwd, as runc does.
     only_user = await rt.start_container(
-        pod, sb, with_(sh("id -u; id -g", name="u"), run_as_user=65534)
+        pod, sb, with_(sh("id -u; id -g; echo $HOME", name="u"), run_as_user=65534)
     )
     await wait_exited(rt, only_user)
-    assert await rt.read_log(only_user) == b"65534\n65534\n"
+    # HOME too is the user's (nobody's is /nonexistent on Debian), unless the manifest sets it.
+    assert await rt.read_log(only_user) == b"65534\n65534\n/nonexistent\n"
+    given = await rt.start_container(
+        pod, sb, with_(sh("echo $HOME", name="h"), run_as_user=65534, env=[("HOME", "/h")])
+    )
+    await wait_exited(rt, given)
+    assert await rt.read_log(given) == b"/h\n"
 
 
 async def test_launched_container_is_adopted_after_a_restart(tmp_path: Path) -> None:
