@@ -76,21 +76,21 @@ def _write(path: Path, value: str | int) -> None:
         raise OSError(e.errno, f"cannot write {value} to {path}: {e.strerror}") from e
 
 
-def _own_cgroups() -> dict[str, str]:
+def _own_cgroups(proc: Path) -> dict[str, str]:
     """Controller -> the agent's cgroup in it; "" is the unified (v2) hierarchy."""
     out: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
+    for line in (proc / "cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         for name in controllers.split(",") if controllers else [""]:
             out[name] = path
     return out
 
 
-def _mounts() -> tuple[dict[str, Path], Path | None]:
+def _mounts(proc: Path) -> tuple[dict[str, Path], Path | None]:
     """The v1 mount of each controller, and the cgroup2 mount."""
     v1: dict[str, Path] = {}
     v2: Path | None = None
-    for line in Path("/proc/self/mounts").read_text().splitlines():
+    for line in (proc / "mounts").read_text().splitlines():
         fields = line.split()
         if len(fields) < 4:
             continue
@@ -103,9 +103,12 @@ def _mounts() -> tuple[dict[str, Path], Path | None]:
 
 
 class Cgroups:
-    def __init__(self, pod_pids_limit: int = -1, parent: str = PARENT) -> None:
+    def __init__(
+        self, pod_pids_limit: int = -1, parent: str = PARENT, proc: Path = Path("/proc/self")
+    ) -> None:
         self.pod_pids_limit = pod_pids_limit
         self._parent = parent
+        self._proc = proc  # where the mounts and our own cgroups are read (tests: a fake tree)
         self._hierarchies: list[Hierarchy] = []
         self._problem: str | None = "cgroups were not detected yet"
         self._warned = False
@@ -122,8 +125,8 @@ class Cgroups:
             self._problem = "the agent does not run as root"
             return
         try:
-            own = _own_cgroups()
-            v1, v2 = _mounts()
+            own = _own_cgroups(self._proc)
+            v1, v2 = _mounts(self._proc)
             v2_controllers: set[str] = set()
             if v2 is not None:
                 v2_controllers = set((v2 / "cgroup.controllers").read_text().split())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pykubelet.runtime.base import ContainerConfig, ContainerRunState
-from pykubelet.runtime.cgroups import CONTROLLERS, PARENT
+from pykubelet.runtime.cgroups import CONTROLLERS, PARENT, Cgroups, Settings
 from pykubelet.runtime.process import UNKNOWN_REASON, ProcessRuntime
 from pykubelet.runtime.resources import cpu_weight, parse_quantity
 from tests.unit.test_process_runtime import (
@@ -276,3 +276,31 @@ def test_quantities() -> None:
     assert parse_quantity("500m") * 1000 == 500
     assert parse_quantity("1e3") == 1000
     assert cpu_weight(2) == 1 and cpu_weight(1024) == 39 and cpu_weight(262144) == 10000
+
+
+def test_cgroup_v2_files_on_a_fake_unified_hierarchy(tmp_path: Path) -> None:
+    """This machine has no v2 controllers: the v2 file names and formats are checked on a
+    directory tree laid out as cgroupfs would be (the kernel's semantics are not)."""
+    proc, root = tmp_path / "proc", tmp_path / "unified"
+    proc.mkdir()
+    root.mkdir()
+    (proc / "mounts").write_text(f"cgroup2 {root} cgroup2 rw,nosuid 0 0\n")
+    (proc / "cgroup").write_text("0::/system.slice/pykubelet.service\n")
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    cgroups = Cgroups(pod_pids_limit=50, proc=proc)
+    cgroups.detect()
+    assert [(h.controller, h.version, h.parent) for h in cgroups.hierarchies] == [
+        (name, 2, root / PARENT) for name in CONTROLLERS
+    ]
+    settings = Settings.of({"memory": "64Mi", "cpu": "1500m"}, {"cpu": "500m"})
+    procs = cgroups.create("u1", "c1", settings)
+    cdir = root / PARENT / "podu1" / "c1"
+    assert procs == [str(cdir / "cgroup.procs")]  # one directory for every v2 controller
+    assert (cdir / "memory.max").read_text() == str(64 << 20)
+    assert (cdir / "cpu.max").read_text() == "150000 100000"
+    assert (cdir / "cpu.weight").read_text() == str(cpu_weight(512))
+    assert (root / PARENT / "podu1" / "pids.max").read_text() == "50"
+    (cdir / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert cgroups.oom_killed("u1", "c1")
+    (cdir / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
+    assert not cgroups.oom_killed("u1", "c1")
