@@ -104,3 +104,20 @@ async def test_binds_user_groups_read_only_root_and_pids_limit(
     assert log[:2] == ["1000", "3000"] and "4000" in log[2:4]
     assert log[-4:] == ["key=value", "conf-ro", "root-ro", "20"]
     assert (data / "out").read_text() == "hi\n"
+
+
+async def test_privileged_container_gets_the_devices(runtime: DockerRuntime) -> None:
+    pod = make_pod()
+    sandbox = await runtime.run_sandbox(pod)
+    script = "ls /dev | wc -l"
+    plain = await runtime.start_container(pod, sandbox, sh(script, name="plain"))
+    privileged = await runtime.start_container(
+        pod, sandbox, sh(script, name="privileged", privileged=True)
+    )
+    counts = []
+    for c in (plain, privileged):
+        done = await finished(runtime, c)
+        log = await runtime.read_log(c)
+        assert done.exit_code == 0, log
+        counts.append(int(log.split()[-1]))
+    assert counts[1] > counts[0]  # the host's devices, not the engine's minimal /dev
