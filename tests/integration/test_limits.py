@@ -54,8 +54,8 @@ def test_memory_limit_is_enforced_and_reported_as_oomkilled(
 
 
 def test_pod_max_pids_bounds_a_fork_bomb(start_agent, manifests: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
-    marker = f"6000.{RUN}"  # a distinct `sleep` argument, to count the bomb's processes
-    # Bounded even if the limit did not hold: at most 200 sleeps, each ending by itself.
+    marker = f"90.{RUN}4242"  # a distinct `sleep` argument, to count the bomb's processes
+    # Bounded even if the limit did not hold: at most 200 sleeps, each over within 90 s.
     bomb = (
         f"i=0; while [ $i -lt 200 ]; do i=$((i+1)); sleep {marker} & done; "
         "echo all-200-started; wait"
