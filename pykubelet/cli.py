@@ -218,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="admit pods with privileged containers (default false: they are rejected)",
     )
     p.add_argument(
+        "--pod-max-pids",
+        type=int,
+        default=-1,
+        help="processes (pids) each pod may have at once; -1: unlimited (default -1)",
+    )
+    p.add_argument(
         "--config",
         type=Path,
         metavar="PATH",
@@ -268,6 +274,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         max_pods=ns.max_pods,
         allowed_host_paths=ns.allowed_host_paths,
         allow_privileged=ns.allow_privileged,
+        pod_max_pids=ns.pod_max_pids,
         log_format=ns.log_format,
         verbosity=ns.verbosity,
     )
@@ -306,10 +313,11 @@ def make_runtime(opts: Options, host_ip: str) -> Runtime:
             opts.pod_infra_container_image,
             opts.root_dir,
             node_ip=host_ip,
+            pod_pids_limit=opts.pod_max_pids,
         )
     from pykubelet.runtime.process import ProcessRuntime
 
-    return ProcessRuntime(opts.root_dir, node_ip=host_ip)
+    return ProcessRuntime(opts.root_dir, node_ip=host_ip, pod_pids_limit=opts.pod_max_pids)
 
 
 async def run_agent(opts: Options) -> int:

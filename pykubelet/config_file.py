@@ -24,7 +24,7 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 # KubeletConfiguration fields we know and do not implement: named so, not "unknown".
 NOT_SUPPORTED = frozenset(
     {
-        "podPidsLimit", "cgroupDriver", "cgroupRoot", "clusterDNS", "clusterDomain",
+        "cgroupDriver", "cgroupRoot", "clusterDNS", "clusterDomain",
         "authentication", "authorization", "tlsCertFile", "tlsPrivateKeyFile", "port",
         "healthzPort", "healthzBindAddress", "evictionHard", "evictionSoft", "kubeReserved",
         "systemReserved", "featureGates", "imageGCHighThresholdPercent",
@@ -58,6 +58,7 @@ class KubeletConfiguration(_Model):
     address: str | None = None
     read_only_port: int | None = Field(default=None, ge=0, le=65535)
     max_pods: int | None = Field(default=None, ge=1)
+    pod_pids_limit: int | None = Field(default=None, ge=-1)
     container_runtime_endpoint: str | None = None
     logging: LoggingConfiguration | None = None
 
@@ -110,6 +111,7 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "address": ("address", str),
         "read_only_port": ("read_only_port", int),
         "max_pods": ("max_pods", int),
+        "pod_pids_limit": ("pod_max_pids", int),
         "container_runtime_endpoint": ("container_runtime_endpoint", str),
         "file_check_frequency": ("file_check_frequency", parse_duration),
         "http_check_frequency": ("http_check_frequency", parse_duration),

@@ -75,6 +75,7 @@ class Options:
     # hostPath volumes are refused unless below one of these; privileged containers unless set.
     allowed_host_paths: list[str] = field(default_factory=list)
     allow_privileged: bool = False
+    pod_max_pids: int = -1  # per pod; -1: unlimited
     log_format: str = "text"
     verbosity: int = 0
 
@@ -94,6 +95,8 @@ class Options:
         for path in self.allowed_host_paths:
             if not path.startswith("/"):
                 problems.append(f"--allowed-host-paths: {path!r} is not an absolute path")
+        if self.pod_max_pids < -1:
+            problems.append("--pod-max-pids: must be -1 (unlimited) or more")
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if self.manifest_url is not None and not self.manifest_url.startswith(

@@ -409,10 +409,10 @@ class PodSync:
             spec_hash=wanted_hash,
             image_pull_policy=spec.image_pull_policy or default_pull_policy(spec.image),
             limits={k: str(v) for k, v in spec.resources.limits.items()},
+            requests={k: str(v) for k, v in spec.resources.requests.items()},
             host_ports=[
                 (p.host_port, p.container_port, p.protocol) for p in spec.ports if p.host_port
             ],
-            requests={k: str(v) for k, v in spec.resources.requests.items()},
             mounts=mounts,
             run_as_user=security.run_as_user,
             run_as_group=security.run_as_group,

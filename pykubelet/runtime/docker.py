@@ -111,8 +111,14 @@ class DockerRuntime:
     name = NAME
 
     def __init__(
-        self, endpoint: str, infra_image: str, root_dir: Path, node_ip: str = "127.0.0.1"
+        self,
+        endpoint: str,
+        infra_image: str,
+        root_dir: Path,
+        node_ip: str = "127.0.0.1",
+        pod_pids_limit: int = -1,
     ) -> None:
+        self.pod_pids_limit = pod_pids_limit  # per container here: the engine has no pod cgroup
         self.endpoint = normalize_endpoint(endpoint)
         self.infra_image = infra_image
         self.root_dir = root_dir  # nothing is kept there: the engine's labels are the state
@@ -453,7 +459,9 @@ class DockerRuntime:
     ) -> RuntimeContainer:
         # Pulled before taking the pod's lock: a slow pull must not hold up its termination.
         await self._ensure_image(config.image, config.image_pull_policy)
-        body = container_body(pod, sandbox.id, config, podman=self.podman)
+        body = container_body(
+            pod, sandbox.id, config, podman=self.podman, pids_limit=self.pod_pids_limit
+        )
         name = container_name(config.name, pod, config.attempt)
         async with self._pod_lock(pod.uid):
             infra = self._entries.get(sandbox.id)

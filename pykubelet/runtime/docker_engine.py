@@ -26,8 +26,9 @@ from pykubelet.runtime.base import (
 from pykubelet.runtime.resources import (
     CPU_PERIOD,
     MIN_CPU_QUOTA,
-    MIN_CPU_SHARES,
+    cpu_shares,
     parse_quantity,
+    request_milli_cpu,
 )
 
 # The labels of the kubelet's Docker integration (dockershim), beside those of base.py.
@@ -62,8 +63,10 @@ def _now() -> datetime:
 # --- request bodies and parsing -----------------------------------------------------------------
 
 
-def resource_limits(limits: dict[str, str]) -> dict[str, int]:
-    """The HostConfig fields for a container's resources.limits, as the kubelet sets them."""
+def resource_limits(
+    limits: dict[str, str], requests: dict[str, str] | None = None
+) -> dict[str, int]:
+    """The HostConfig fields for a container's resources, as the kubelet sets them."""
     out: dict[str, int] = {}
     memory = limits.get("memory")
     if memory is not None:
@@ -76,8 +79,44 @@ def resource_limits(limits: dict[str, str]) -> dict[str, int]:
         milli = math.ceil(parse_quantity(cpu) * 1000)
         out["CpuPeriod"] = CPU_PERIOD
         out["CpuQuota"] = max(milli * CPU_PERIOD // 1000, MIN_CPU_QUOTA)
-        # Requests are not passed down; a limit alone means requests equal to it.
-        out["CpuShares"] = max(milli * 1024 // 1000, MIN_CPU_SHARES)
+    if cpu is not None or "cpu" in (requests or {}):
+        out["CpuShares"] = cpu_shares(request_milli_cpu(limits, requests or {}))
+    return out
+
+
+def security_fields(config: ContainerConfig, pids_limit: int) -> dict[str, Any]:
+    """HostConfig/config fields for mounts, the securityContext and the pids limit, as the
+    kubelet's Docker integration set them. Keys prefixed "HostConfig." go into HostConfig."""
+    out: dict[str, Any] = {}
+    binds = []
+    for m in config.mounts:
+        for path in (m.host_path, m.container_path):
+            if not path.startswith("/") or ":" in path:
+                raise StartError(
+                    "CreateContainerConfigError",
+                    f"mount {m.host_path} -> {m.container_path}: {path!r} must be an absolute "
+                    "path without ':' for the docker runtime",
+                )
+        binds.append(f"{m.host_path}:{m.container_path}" + (":ro" if m.read_only else ""))
+    if binds:
+        out["HostConfig.Binds"] = binds
+    if config.run_as_user is not None:
+        user = str(config.run_as_user)
+        if config.run_as_group is not None:
+            user += f":{config.run_as_group}"
+        out["User"] = user
+    elif config.run_as_group is not None:
+        raise StartError(
+            "CreateContainerConfigError", "runAsGroup is specified without a runAsUser"
+        )
+    if config.supplemental_groups:
+        out["HostConfig.GroupAdd"] = [str(g) for g in config.supplemental_groups]
+    if config.read_only_root_filesystem:
+        out["HostConfig.ReadonlyRootfs"] = True
+    if config.privileged:
+        out["HostConfig.Privileged"] = True
+    if pids_limit > 0:
+        out["HostConfig.PidsLimit"] = pids_limit
     return out
 
 
@@ -137,7 +176,7 @@ def sandbox_body(pod: Pod, image: str, attempt: int) -> dict[str, Any]:
 
 
 def container_body(
-    pod: Pod, sandbox_id: str, config: ContainerConfig, *, podman: bool
+    pod: Pod, sandbox_id: str, config: ContainerConfig, *, podman: bool, pids_limit: int = -1
 ) -> dict[str, Any]:
     """The create request of one container, joined to the pod's infra container."""
     join = f"container:{sandbox_id}"
@@ -151,7 +190,7 @@ def container_body(
     if podman:
         host_config["UTSMode"] = join
     try:
-        host_config.update(resource_limits(config.limits))
+        host_config.update(resource_limits(config.limits, config.requests))
     except ValueError as e:
         raise StartError("CreateContainerConfigError", str(e)) from None
     env: dict[str, str] = {}
@@ -175,6 +214,11 @@ def container_body(
         body["Cmd"] = config.args
     if config.working_dir:
         body["WorkingDir"] = config.working_dir
+    for key, value in security_fields(config, pids_limit).items():
+        if key.startswith("HostConfig."):
+            host_config[key.removeprefix("HostConfig.")] = value
+        else:
+            body[key] = value
     return body
 
 

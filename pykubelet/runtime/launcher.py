@@ -8,12 +8,18 @@ pykubelet package.
 CONFIG_FD holds the instructions as JSON (a memfd, read once):
     {"cgroups": [".../cgroup.procs", ...], "mounts": [{"source", "target", "read_only"}],
      "read_only_root": bool, "uid": int|null, "gid": int|null, "groups": [int]|null,
-     "cwd": str, "argv": [str, ...], "env": {str: str}}
+     "cwd": str, "argv": [str, ...], "env": {str: str}, "home_of_user": bool}
+("home_of_user": HOME becomes the user's home from /etc/passwd, or /, as runc sets it.)
 In that order, the launcher joins the cgroups (before anything is forked, so nothing escapes
 them), enters a private mount namespace with the binds, drops to the user and execs. Any failure
 before the exec is written to ERROR_FD as one JSON object {"stage", "errno", "message"} and the
 launcher exits 127. ERROR_FD is close-on-exec: the agent reads EOF with nothing on it once the
 exec succeeded, exactly as Popen learns of an exec error.
+
+`launcher.py --exec JSON` runs an exec probe or hook in a running container's context instead:
+the same JSON, with "mount_ns_pid" (the container's pid, whose mount namespace it enters) in
+place of mounts and without "env" (the launcher's own environment is the command's); a failure
+is written to stderr (the command's output) and exits 127.
 
 A missing mount point is created on the host (the mount namespace shares the host's files): an
 empty directory, or an empty file when the source is a file, which stays there afterwards.
@@ -58,6 +64,19 @@ def _check(result: int, stage: str, what: str) -> None:
 def _mount(libc: Any, source: str | None, target: str, flags: int, what: str) -> None:
     src = None if source is None else os.fsencode(source)
     _check(libc.mount(src, os.fsencode(target), None, ctypes.c_ulong(flags), None), "mount", what)
+
+
+def join_mount_namespace(pid: int) -> None:
+    try:
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise LaunchError(
+            "mount", f"cannot open the mount namespace of process {pid}: {e.strerror}", e.errno
+        ) from e
+    try:
+        _check(_libc().setns(fd, CLONE_NEWNS), "mount", f"cannot enter the mounts of {pid}")
+    finally:
+        os.close(fd)
 
 
 def join_cgroups(procs_files: list[str]) -> None:
@@ -119,6 +138,15 @@ def _chdir(cwd: str) -> OSError | None:
     return None
 
 
+def _home(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_dir or "/"
+    except KeyError:
+        return "/"  # as runc, for a uid without a passwd entry
+
+
 def _primary_gid(uid: int) -> int:
     import pwd  # a builtin module: no site-packages needed
 
@@ -153,9 +181,11 @@ def switch_user(
     return early if early is None else _chdir(cwd)
 
 
-def launch(config: dict[str, Any], error_fd: int) -> None:
+def launch(config: dict[str, Any], error_fd: int | None) -> None:
     join_cgroups(list(config.get("cgroups") or []))
-    if config.get("mounts") or config.get("read_only_root"):
+    if config.get("mount_ns_pid"):
+        join_mount_namespace(int(config["mount_ns_pid"]))
+    elif config.get("mounts") or config.get("read_only_root"):
         set_up_mounts(list(config.get("mounts") or []), bool(config.get("read_only_root")))
     cwd = str(config["cwd"])
     err = switch_user(config.get("uid"), config.get("gid"), config.get("groups"), cwd)
@@ -163,7 +193,11 @@ def launch(config: dict[str, Any], error_fd: int) -> None:
         raise LaunchError("chdir", f"cannot enter {cwd}: {err.strerror}", err.errno)
     argv = [str(a) for a in config["argv"]]
     env = {str(k): str(v) for k, v in config["env"].items()}
-    os.set_inheritable(error_fd, False)  # closed by a successful exec: the agent reads EOF
+    uid = config.get("uid")
+    if config.get("home_of_user") and uid is not None:
+        env["HOME"] = _home(int(uid))
+    if error_fd is not None:
+        os.set_inheritable(error_fd, False)  # closed by a successful exec: the agent reads EOF
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as e:
@@ -173,19 +207,27 @@ def launch(config: dict[str, Any], error_fd: int) -> None:
 
 
 def main() -> None:
-    error_fd = int(sys.argv[2])
+    exec_mode = sys.argv[1] == "--exec"
+    error_fd = 2 if exec_mode else int(sys.argv[2])
     report: dict[str, Any]
     try:
-        with os.fdopen(int(sys.argv[1]), "rb") as f:
-            config = json.loads(f.read())
-        launch(config, error_fd)
+        if exec_mode:
+            config = json.loads(sys.argv[2])
+            config.setdefault("env", dict(os.environ))  # passed as the environment, not argv
+        else:
+            with os.fdopen(int(sys.argv[1]), "rb") as f:
+                config = json.loads(f.read())
+        launch(config, None if exec_mode else error_fd)
         report = {"stage": "launcher", "errno": None, "message": "exec returned"}
     except LaunchError as e:
         report = {"stage": e.stage, "errno": e.errno, "message": e.message}
     except BaseException as e:  # never a silent crash: the agent turns this into a StartError
         report = {"stage": "launcher", "errno": None, "message": f"{type(e).__name__}: {e}"}
     try:
-        os.write(error_fd, json.dumps(report).encode())
+        if exec_mode:
+            os.write(error_fd, f"pykubelet launcher: {report['message']}\n".encode())
+        else:
+            os.write(error_fd, json.dumps(report).encode())
     finally:
         os._exit(EXIT_FAILED)
 

@@ -52,6 +52,7 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
     StartError,
 )
+from pykubelet.runtime.cgroups import Cgroups, Settings
 from pykubelet.runtime.hostexec import run_command
 from pykubelet.runtime.statefile import StateFileError
 
@@ -76,6 +77,7 @@ KILL_TIMEOUT = 10.0
 _LOG_BLOCK = 64 * 1024
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
+LAUNCH_TIMEOUT = 60.0
 # Capability bits (linux/capability.h) the launcher needs for users and mounts.
 CAP_SETGID = 6
 CAP_SETUID = 7
@@ -265,6 +267,8 @@ class _Container:
     # Orders the writes of the state file and its deletion.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     removed: bool = False  # the state file is deleted: never write it again
+    cgroup: bool = False  # it has cgroups to read (OOM) and remove at its exit
+    finishing: bool = False  # its exit was seen and its cgroups are being emptied
 
     @property
     def running(self) -> bool:
@@ -358,6 +362,7 @@ class _Loaded:
 
     pod: _Pod
     alive: dict[str, int] = field(default_factory=dict)  # container id -> pidfd
+    oom: set[str] = field(default_factory=set)  # gone while the agent was away, OOM-killed
 
 
 # --- the runtime --------------------------------------------------------------------------------
@@ -374,7 +379,10 @@ class ProcessRuntime:
 
     name = NAME
 
-    def __init__(self, root_dir: Path, node_ip: str = "127.0.0.1") -> None:
+    def __init__(
+        self, root_dir: Path, node_ip: str = "127.0.0.1", pod_pids_limit: int = -1
+    ) -> None:
+        self._cgroups = Cgroups(pod_pids_limit)
         self._dir = root_dir / "runtime" / "process"
         self._node_ip = node_ip
         self._pods: dict[str, _Pod] = {}
@@ -391,6 +399,7 @@ class ProcessRuntime:
         if not hasattr(os, "pidfd_open") or not hasattr(os, "P_PIDFD"):
             raise RuntimeFailure("the process runtime needs Linux >= 5.3 (pidfd_open, P_PIDFD)")
         try:
+            await asyncio.to_thread(self._cgroups.detect)
             loaded = await asyncio.to_thread(self._load)
         except OSError as e:
             raise RuntimeFailure(f"cannot load the process runtime's state: {e}") from e
@@ -418,7 +427,7 @@ class ProcessRuntime:
                         rec.pod_name,
                         rec.pid,
                     )
-                    self._record_exit(rec, UNKNOWN_EXIT_CODE, UNKNOWN_REASON, UNKNOWN_MESSAGE)
+                    self._record_code(rec, None, rec.id in item.oom)
 
     async def close(self) -> None:
         """Stop watching; the processes keep running and the next start() adopts them."""
@@ -496,9 +505,24 @@ class ProcessRuntime:
             cwd = os.readlink(f"/proc/{rec.pid}/cwd")
         except OSError:
             cwd = str(self._pod_dir(rec.pod_uid))
+        full_env = _container_env(rec.pod_name, env)
+        enter = await asyncio.to_thread(_exec_context, rec.pid)
+        argv = command
+        if enter is not None or rec.cgroup:
+            # As in a container: its mounts, user and cgroups (read from the live process, so
+            # this holds for adopted containers too).
+            enter = enter or {}
+            enter["cgroups"] = await asyncio.to_thread(
+                self._cgroups.procs_files, rec.pod_uid, rec.id
+            )
+            home_of_user = not any(name == "HOME" for name, _ in env)
+            # The environment is the launcher's own (run_command sets it): never in its argv,
+            # which any user of the host may read in /proc.
+            enter.update(cwd=cwd, argv=command, home_of_user=home_of_user)
+            argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", json.dumps(enter)]
+            cwd = "/"
         try:
-            argv = _enter_argv(rec.pid, command)
-            return await run_command(argv, cwd, _container_env(rec.pod_name, env), timeout_seconds)
+            return await run_command(argv, cwd, full_env, timeout_seconds)
         except (OSError, ValueError) as e:
             raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
 
@@ -550,6 +574,10 @@ class ProcessRuntime:
                     async with rec.lock:
                         rec.removed = True
             try:
+                await asyncio.to_thread(self._cgroups.remove_pod, uid)
+            except OSError as e:
+                raise RuntimeFailure(f"cannot remove the cgroups of pod {uid}: {e}") from e
+            try:
                 await asyncio.to_thread(_remove_tree, self._pod_dir(uid))
             except OSError as e:
                 raise RuntimeFailure(f"cannot delete the files of pod {uid}: {e}") from e
@@ -597,11 +625,29 @@ class ProcessRuntime:
         created_at = _now()
         container_id = uuid.uuid4().hex
         env[ID_VARIABLE] = container_id
-        launch = _launch_config(config, argv, cwd, env)
-        if launch is None:
-            pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
-        else:
-            pid, pidfd, start_time = await _spawn_launched(launch, env, log_path)
+        settings = self._cgroup_settings(config)
+        launch = _launch_config(config, argv, cwd, env, settings is not None)
+        procs: list[str] = []
+        if settings is not None:
+            try:
+                procs = await asyncio.to_thread(
+                    self._cgroups.create, pod.uid, container_id, settings
+                )
+            except OSError as e:
+                raise StartError(
+                    "RunContainerError",
+                    f"cannot create the cgroups of container {config.name}: {e}",
+                ) from e
+        try:
+            if launch is None:
+                pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
+            else:
+                launch["cgroups"] = procs
+                pid, pidfd, start_time = await _spawn_launched(launch, env, log_path)
+        except BaseException:
+            if procs:
+                await self._remove_cgroups(pod.uid, container_id)
+            raise
         rec = _Container(
             id=container_id,
             pod_uid=pod.uid,
@@ -617,6 +663,7 @@ class ProcessRuntime:
             created_at=created_at,
             started_at=_now(),
             pidfd=pidfd,
+            cgroup=bool(procs),
         )
         state.containers[rec.id] = rec
         self._watch(rec)
@@ -632,6 +679,22 @@ class ProcessRuntime:
             ) from e
         self._notify(pod.uid)
         return started
+
+    def _cgroup_settings(self, config: ContainerConfig) -> Settings | None:
+        """The container's cgroup limits, or None if it needs none or cgroups are unusable."""
+        if not self._cgroups.wanted(config.limits, config.requests):
+            return None
+        try:
+            settings = Settings.of(config.limits, config.requests)
+        except ValueError as e:
+            raise StartError("CreateContainerConfigError", f"resources: {e}") from e
+        return settings if self._cgroups.warn_once() else None
+
+    async def _remove_cgroups(self, uid: str, container_id: str) -> None:
+        try:
+            await asyncio.to_thread(self._cgroups.remove, uid, container_id)
+        except OSError as e:
+            log.error("cannot remove the cgroups of container %s: %s", container_id, e)
 
     async def stop_container(self, container: RuntimeContainer, grace_seconds: float) -> None:
         rec = self._find(container)
@@ -700,7 +763,15 @@ class ProcessRuntime:
 
     def _on_exit(self, rec: _Container) -> None:
         pidfd = rec.pidfd
-        if pidfd is None:
+        if pidfd is None or rec.finishing:
+            return
+        if rec.cgroup:
+            # Unreaped, the zombie keeps its pid (and group id) while the cgroups are read and
+            # emptied in a thread; then the exit is handled as below.
+            rec.finishing = True
+            assert self._loop is not None
+            self._loop.remove_reader(pidfd)
+            self._spawn_task(self._finish_cgroups(rec))
             return
         # Leftovers die with their container's main process, as in a PID namespace. Do it before
         # reaping: until then the zombie keeps its pid, so the group id names only this
@@ -709,7 +780,27 @@ class ProcessRuntime:
         _kill_group(rec.pid, signal.SIGKILL)
         code = _reap(pidfd)
         self._unwatch(rec)
-        if code is None:
+        self._record_code(rec, code, oom=False)
+
+    async def _finish_cgroups(self, rec: _Container) -> None:
+        try:
+            oom = await asyncio.to_thread(self._cgroups.finish, rec.pod_uid, rec.id)
+        except OSError as e:
+            log.error("container %s: cannot clean up its cgroups: %s", rec.id, e)
+            oom = False
+        pidfd = rec.pidfd
+        if pidfd is None:  # close() came first: the next start() sees the exit
+            return
+        _kill_group(rec.pid, signal.SIGKILL)
+        code = _reap(pidfd)
+        self._unwatch(rec)
+        self._record_code(rec, code, oom)
+
+    def _record_code(self, rec: _Container, code: int | None, oom: bool) -> None:
+        if oom and code != 0:
+            # Killed by the kernel for its memory limit, as the kubelet reports it.
+            self._record_exit(rec, UNKNOWN_EXIT_CODE if code is None else code, "OOMKilled", None)
+        elif code is None:
             self._record_exit(rec, UNKNOWN_EXIT_CODE, UNKNOWN_REASON, UNKNOWN_MESSAGE)
         else:
             self._record_exit(rec, code, "Completed" if code == 0 else "Error", None)
@@ -807,6 +898,14 @@ class ProcessRuntime:
                     pidfd = _reopen(rec)
                     if pidfd is not None:
                         item.alive[rec.id] = pidfd
+                        rec.cgroup = self._cgroups.exists(rec.pod_uid, rec.id)
+                        continue
+                # Gone: what is left of its cgroups goes, after the OOM counter was read.
+                try:
+                    if self._cgroups.finish(rec.pod_uid, rec.id) and rec.running:
+                        item.oom.add(rec.id)
+                except OSError as e:
+                    log.warning("container %s: cannot clean up its cgroups: %s", rec.id, e)
         return loaded
 
     def _load_pod(self, pod_dir: Path) -> _Loaded:
@@ -850,36 +949,6 @@ class ProcessRuntime:
             # Still listed, so that housekeeping can remove a directory nothing else describes.
             name, namespace = "", ""
         return _Loaded(_Pod(uid, name, namespace, sandbox, {c.id: c for c in containers}))
-
-
-def _enter_argv(pid: int, command: list[str]) -> list[str]:
-    """`command`, wrapped to run in the mount namespace and as the user of process `pid`.
-
-    util-linux's nsenter and setpriv do the entering: a launched container's probes and hooks
-    must see its volumes (a file a liveness probe reads is in an emptyDir) and run as its user.
-    """
-    prefix: list[str] = []
-    try:
-        theirs = os.stat(f"/proc/{pid}/ns/mnt").st_ino
-        ours = os.stat("/proc/self/ns/mnt").st_ino
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError as e:
-        raise RuntimeFailure(f"cannot inspect process {pid}: {e}") from e
-    if theirs != ours:
-        prefix += ["nsenter", f"--target={pid}", "--mount", "--wd", "--"]
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    uid = int(fields["Uid"].split()[1])  # real, effective, saved, fs: the effective one
-    gid = int(fields["Gid"].split()[1])
-    groups = fields.get("Groups", "").split()
-    if (uid, gid) != (os.geteuid(), os.getegid()):
-        prefix += [
-            "setpriv",
-            f"--reuid={uid}",
-            f"--regid={gid}",
-            f"--groups={','.join(groups)}" if groups else "--clear-groups",
-            "--",
-        ]
-    return [*prefix, *command]
 
 
 def _kill_tagged(container_id: str) -> None:
@@ -984,6 +1053,25 @@ def _exec_error(program: str, cwd: str, e: OSError) -> StartError:
     return StartError("RunContainerError", f'exec: "{program}": {problem}')
 
 
+def _exec_context(pid: int) -> dict[str, Any] | None:
+    """How to run a command as in the container of `pid`: its mount namespace if not ours, its
+    uid, gid and groups if not root's; None if it runs as the agent's processes do."""
+    out: dict[str, Any] = {}
+    try:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+            out["mount_ns_pid"] = pid
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+        uid, gid = int(fields["Uid"].split()[1]), int(fields["Gid"].split()[1])
+        groups = [int(g) for g in fields["Groups"].split()]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None  # gone meanwhile: the command runs as on the host, and the probe fails
+    if (uid, gid, sorted(groups)) != (os.geteuid(), os.getegid(), sorted(os.getgroups())):
+        out.update(uid=uid, gid=gid, groups=groups)
+    return out or None
+
+
 def _capabilities() -> int:
     """The agent's effective capabilities (CapEff of /proc/self/status), 0 if unreadable."""
     try:
@@ -1001,7 +1089,7 @@ def _effective_capabilities() -> int:
 
 
 def _launch_config(
-    config: ContainerConfig, argv: list[str], cwd: str, env: dict[str, str]
+    config: ContainerConfig, argv: list[str], cwd: str, env: dict[str, str], cgroups: bool
 ) -> dict[str, Any] | None:
     """The launcher's instructions, or None when a plain fork+exec does (the fast path)."""
     identity = (
@@ -1010,7 +1098,7 @@ def _launch_config(
         or bool(config.supplemental_groups)
     )
     mounts = bool(config.mounts) or config.read_only_root_filesystem
-    if not (identity or mounts):
+    if not (identity or mounts or cgroups):
         return None
     caps = _effective_capabilities()
     if mounts and not caps >> CAP_SYS_ADMIN & 1:
@@ -1040,6 +1128,7 @@ def _launch_config(
         "cwd": cwd,
         "argv": argv,
         "env": env,
+        "home_of_user": not any(name == "HOME" for name, _ in config.env),
     }
 
 
@@ -1084,7 +1173,21 @@ async def _spawn_launched(
 ) -> tuple[int, int, int]:
     pid, pidfd, start_time, err_r = _start_launcher(launch, env, log_path)
     try:
-        report = await _read_until_eof(err_r)
+        async with asyncio.timeout(LAUNCH_TIMEOUT):
+            report = await _read_until_eof(err_r)
+    except BaseException as e:
+        # Cancelled, or stuck (a mount on a dead NFS server): never leave it running unrecorded.
+        _kill_group(pid, signal.SIGKILL)
+        await _readable(pidfd)
+        _reap(pidfd)
+        os.close(pidfd)
+        if isinstance(e, TimeoutError):
+            raise StartError(
+                "RunContainerError",
+                f"the launcher of {launch['argv'][0]!r} did not exec it within "
+                f"{LAUNCH_TIMEOUT:g} s (a mount or a cgroup hanging?); it was killed",
+            ) from None
+        raise
     finally:
         os.close(err_r)
     if not report:

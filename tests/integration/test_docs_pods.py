@@ -27,6 +27,7 @@ def free_port() -> int:
 
 def doc_pods(forever: str, http_port: int, tcp_port: int) -> dict[str, str]:
     """name -> manifest. `forever` keeps a container running until it is stopped."""
+    quoted = forever.replace('"', '\\"')  # inside a double-quoted YAML string
     return {
         # https://kubernetes.io/docs/concepts/workloads/pods/init-containers/ (and
         # .../configure-pod-initialization/): an init container prepares a volume for the app.
@@ -45,7 +46,7 @@ spec:
   containers:
   - name: main
     image: busybox:test
-    command: [sh, -c, "cat /srv/index.html; {forever}"]
+    command: [sh, -c, "cat /srv/index.html; {quoted}"]
     volumeMounts: [{{name: workdir, mountPath: /srv}}]
 """,
         # .../configure-pod-container/configure-volume-storage/ and the two-container pod of
@@ -56,11 +57,11 @@ spec:
   containers:
   - name: writer
     image: busybox:test
-    command: [sh, -c, "echo Hello from the writer container > /opt/index.html; {forever}"]
+    command: [sh, -c, "echo Hello from the writer container > /opt/index.html; {quoted}"]
     volumeMounts: [{{name: shared-data, mountPath: /opt}}]
   - name: reader
     image: busybox:test
-    command: [sh, -c, "while ! test -s /srv/index.html; do sleep 0.1; done; cat /srv/index.html; {forever}"]
+    command: [sh, -c, "while ! test -s /srv/index.html; do sleep 0.1; done; cat /srv/index.html; {quoted}"]
     volumeMounts: [{{name: shared-data, mountPath: /srv, readOnly: true}}]
 """,
         # .../configure-liveness-readiness-startup-probes/ "liveness-exec"
@@ -122,7 +123,7 @@ spec:
   containers:
   - name: lifecycle-demo-container
     image: busybox:test
-    command: [sh, -c, "while ! test -s /srv/message; do sleep 0.1; done; cat /srv/message; {forever}"]
+    command: [sh, -c, "while ! test -s /srv/message; do sleep 0.1; done; cat /srv/message; {quoted}"]
     volumeMounts: [{{name: share, mountPath: /srv}}]
     lifecycle:
       postStart:
@@ -185,7 +186,7 @@ spec:
   containers:
   - name: client-container
     image: busybox:test
-    command: [sh, -c, "cat /media/labels; echo; cat /media/annotations; echo; cat /media/cpu_limit; echo; {forever}"]
+    command: [sh, -c, "cat /media/labels; echo; cat /media/annotations; echo; cat /media/cpu_limit; echo; {quoted}"]
     resources: {{limits: {{cpu: 500m}}}}
     volumeMounts: [{{name: podinfo, mountPath: /media}}]
 """,
@@ -229,7 +230,7 @@ spec:
   containers:
   - name: sec-ctx-demo
     image: busybox:test
-    command: [sh, -c, "echo hello > /opt/testfile && echo $(id -u) $(id -g) $(id -G) && {forever}"]
+    command: [sh, -c, "echo hello > /opt/testfile && echo $(id -u) $(id -g) $(id -G) && {quoted}"]
     volumeMounts: [{{name: sec-ctx-vol, mountPath: /opt}}]
     securityContext: {{runAsNonRoot: true}}
 """,

@@ -28,6 +28,7 @@ def test_round_trip_to_options(tmp_path: Path) -> None:
                 "address": "0.0.0.0",
                 "readOnlyPort": 10266,
                 "maxPods": 50,
+                "podPidsLimit": 20,
                 "logging": {"format": "logfmt", "verbosity": 4},
             }
         ),
@@ -47,12 +48,17 @@ def test_round_trip_to_options(tmp_path: Path) -> None:
     )
     assert (opts.address, opts.read_only_port, opts.max_pods) == ("0.0.0.0", 10266, 50)
     assert (opts.log_format, opts.verbosity) == ("logfmt", 4)
+    assert opts.pod_max_pids == 20
 
 
 def test_flags_win(tmp_path: Path) -> None:
     path = write(tmp_path, config_file.dump({"readOnlyPort": 1, "syncFrequency": "30s"}))
     opts = parse_options(["--config", str(path), "--read-only-port", "0"])
     assert opts.read_only_port == 0 and opts.sync_frequency == 30
+    path = write(tmp_path, config_file.dump({"podPidsLimit": 100}))
+    assert parse_options(["--config", str(path), "--pod-max-pids", "7"]).pod_max_pids == 7
+    assert parse_options(["--config", str(path)]).pod_max_pids == 100
+    assert parse_options([]).pod_max_pids == -1
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ names conflict with HTTP 500, events carry no labels. Plus the pure helpers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import struct
 import uuid
@@ -21,6 +22,7 @@ from pykubelet.runtime.base import (
     LABEL_POD_UID,
     ContainerConfig,
     ContainerRunState,
+    Mount,
     RuntimeFailure,
     StartError,
 )
@@ -108,6 +110,48 @@ def test_resource_limits_as_the_kubelet_sets_them() -> None:
     }
     assert resource_limits({"cpu": "1m"})["CpuQuota"] == 1_000  # the engines' minimum
     assert resource_limits({}) == {}
+
+
+def test_cpu_shares_come_from_the_request() -> None:
+    assert resource_limits({"cpu": "1"}, {"cpu": "250m"})["CpuShares"] == 256
+    assert resource_limits({}, {"cpu": "100m"}) == {"CpuShares": 102}
+    assert resource_limits({"memory": "1Gi"}, {"cpu": "1m"})["CpuShares"] == 2  # the minimum
+
+
+def test_mounts_users_and_pids_limit_in_the_create_request() -> None:
+    cfg = dataclasses.replace(
+        config(),
+        mounts=[Mount("/srv/data", "/data"), Mount("/etc/app.conf", "/app.conf", read_only=True)],
+        run_as_user=1000,
+        run_as_group=3000,
+        supplemental_groups=[4000, 4001],
+        read_only_root_filesystem=True,
+        privileged=True,
+    )
+    body = container_body(make_pod(), "i", cfg, podman=True, pids_limit=20)
+    host = body["HostConfig"]
+    assert host["Binds"] == ["/srv/data:/data", "/etc/app.conf:/app.conf:ro"]
+    assert body["User"] == "1000:3000" and host["GroupAdd"] == ["4000", "4001"]
+    assert host["ReadonlyRootfs"] is True and host["Privileged"] is True
+    assert host["PidsLimit"] == 20
+    plain = container_body(make_pod(), "i", config(), podman=True)
+    assert "User" not in plain and "PidsLimit" not in plain["HostConfig"]
+    assert "Binds" not in plain["HostConfig"] and "Privileged" not in plain["HostConfig"]
+    assert (
+        container_body(make_pod(), "i", dataclasses.replace(config(), run_as_user=0), podman=True)[
+            "User"
+        ]
+        == "0"
+    )
+
+    for bad in (
+        dataclasses.replace(config(), run_as_group=5),
+        dataclasses.replace(config(), mounts=[Mount("/a:b", "/c")]),
+        dataclasses.replace(config(), mounts=[Mount("relative", "/c")]),
+    ):
+        with pytest.raises(StartError) as err:
+            container_body(make_pod(), "i", bad, podman=True)
+        assert err.value.reason == "CreateContainerConfigError"
 
 
 def test_command_and_args_follow_kubernetes() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -149,10 +150,16 @@ async def test_run_as_user_group_and_supplemental_groups(rt: ProcessRuntime) -> 
 
     # runAsUser alone takes the user's primary group from /etc/passwd, as runc does.
     only_user = await rt.start_container(
-        pod, sb, with_(sh("id -u; id -g", name="u"), run_as_user=65534)
+        pod, sb, with_(sh("id -u; id -g; echo $HOME", name="u"), run_as_user=65534)
     )
     await wait_exited(rt, only_user)
-    assert await rt.read_log(only_user) == b"65534\n65534\n"
+    # HOME too is the user's (nobody's is /nonexistent on Debian), unless the manifest sets it.
+    assert await rt.read_log(only_user) == b"65534\n65534\n/nonexistent\n"
+    given = await rt.start_container(
+        pod, sb, with_(sh("echo $HOME", name="h"), run_as_user=65534, env=[("HOME", "/h")])
+    )
+    await wait_exited(rt, given)
+    assert await rt.read_log(given) == b"/h\n"
 
 
 async def test_launched_container_is_adopted_after_a_restart(tmp_path: Path) -> None:
@@ -194,3 +201,33 @@ async def test_unprivileged_agent_refuses_mounts_and_users(
     with pytest.raises(StartError) as e:
         await rt.start_container(pod, sb, with_(sh("true"), run_as_user=1000))
     assert e.value.reason == "CreateContainerConfigError" and "runAsUser" in e.value.message
+
+
+async def test_exec_runs_in_the_containers_mounts_user_and_cgroups(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    pod, sb = await new_pod(rt)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ready").write_text("yes\n")
+    # Reachable by the user: the test's own directories are 0700 root.
+    target = Path("/tmp") / f"pykubelet-exec-{uuid.uuid4().hex}"
+    cfg = with_(
+        sh("exec sleep 60"),
+        mounts=[Mount(str(src), str(target), read_only=True)],
+        run_as_user=65534,
+        supplemental_groups=[4001],
+        limits={"memory": "64Mi"},
+    )
+    c = await rt.start_container(pod, sb, cfg)
+    probe = ["/bin/sh", "-c", f"cat {target}/ready; id -u; id -G; grep memory /proc/self/cgroup"]
+    result = await rt.exec_sync(c, probe, [("A", "1")], timeout_seconds=10)
+    lines = result.output.decode().splitlines()
+    assert result.exit_code == 0, lines
+    assert lines[0] == "yes" and lines[1] == "65534" and "4001" in lines[2].split()
+    assert lines[3].endswith(f"/pod{pod.uid}/{c.id}")
+    # A command that cannot start fails the probe with the reason in its output.
+    missing = await rt.exec_sync(c, ["no-such-probe-pykubelet"], [], timeout_seconds=10)
+    assert missing.exit_code == 127 and b"No such file" in missing.output
+    await rt.stop_container(c, grace_seconds=5)
+    target.rmdir()  # the mount point the launcher made, empty on the host
