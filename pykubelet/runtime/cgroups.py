@@ -25,13 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pykubelet.api.quantity import to_bytes, to_millicpu
 from pykubelet.runtime.resources import (
     CPU_PERIOD,
     cpu_quota,
     cpu_shares,
     cpu_weight,
-    memory_bytes,
-    milli_cpu,
     request_milli_cpu,
 )
 
@@ -63,9 +62,9 @@ class Settings:
         memory = limits.get("memory")
         cpu = limits.get("cpu")
         return cls(
-            memory=None if memory is None else memory_bytes(memory),
+            memory=None if memory is None else to_bytes(memory),
             cpu_shares=cpu_shares(request_milli_cpu(limits, requests)),
-            cpu_quota=None if cpu is None else cpu_quota(milli_cpu(cpu)),
+            cpu_quota=None if cpu is None else cpu_quota(to_millicpu(cpu)),
         )
 
 

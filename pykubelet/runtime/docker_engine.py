@@ -4,7 +4,6 @@ unit-tested without an engine; the calls themselves are in docker.py."""
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pykubelet.api.model import Pod
+from pykubelet.api.quantity import to_bytes, to_millicpu
 from pykubelet.runtime.base import (
     LABEL_ATTEMPT,
     LABEL_CONTAINER_NAME,
@@ -27,7 +27,6 @@ from pykubelet.runtime.resources import (
     CPU_PERIOD,
     MIN_CPU_QUOTA,
     cpu_shares,
-    parse_quantity,
     request_milli_cpu,
 )
 
@@ -70,13 +69,13 @@ def resource_limits(
     out: dict[str, int] = {}
     memory = limits.get("memory")
     if memory is not None:
-        value = math.ceil(parse_quantity(memory))
+        value = to_bytes(memory)
         # No swap beyond the limit: what the kubelet does, and what makes the limit a limit.
         out["Memory"] = value
         out["MemorySwap"] = value
     cpu = limits.get("cpu")
     if cpu is not None:
-        milli = math.ceil(parse_quantity(cpu) * 1000)
+        milli = to_millicpu(cpu)
         out["CpuPeriod"] = CPU_PERIOD
         out["CpuQuota"] = max(milli * CPU_PERIOD // 1000, MIN_CPU_QUOTA)
     if cpu is not None or "cpu" in (requests or {}):

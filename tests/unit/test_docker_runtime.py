@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from pykubelet.api.model import Pod
+from pykubelet.api.quantity import parse_quantity
 from pykubelet.runtime.base import (
     LABEL_POD_UID,
     ContainerConfig,
@@ -32,7 +33,6 @@ from pykubelet.runtime.docker_engine import (
     LogDemuxer,
     container_body,
     normalize_endpoint,
-    parse_quantity,
     parse_time,
     resource_limits,
     sandbox_body,

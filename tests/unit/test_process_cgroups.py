@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from pykubelet.api.quantity import parse_quantity
 from pykubelet.runtime.base import ContainerConfig, ContainerRunState
 from pykubelet.runtime.cgroups import CONTROLLERS, PARENT, Cgroups, Settings
 from pykubelet.runtime.process import UNKNOWN_REASON, ProcessRuntime
-from pykubelet.runtime.resources import cpu_weight, parse_quantity
+from pykubelet.runtime.resources import cpu_weight
 from tests.unit.test_process_runtime import (
     config,
     current,
