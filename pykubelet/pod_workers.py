@@ -73,6 +73,7 @@ class _Worker:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     terminated: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    syncing: asyncio.Task[SyncResult] | None = None  # the sync in progress, if any
 
 
 class PodWorkers:
@@ -120,6 +121,10 @@ class PodWorkers:
         if pod is not None:
             worker.pod = pod
         if update is UpdateType.KILL:
+            if worker.syncing is not None and not worker.syncing.done():
+                # As the kubelet cancels a sync's context: a kill does not wait for an image
+                # pull, a hook or a liveness restart in progress to end.
+                worker.syncing.cancel()
             worker.kill_requested = True
             worker.removed = worker.removed or removed
             if removed:
@@ -212,8 +217,15 @@ class PodWorkers:
             self._syncer.on_waiting_for_name(pod, holder)
             return
         started = self._clock()
+        worker.syncing = asyncio.create_task(self._syncer.sync_pod(update, pod))
         try:
-            result = await self._syncer.sync_pod(update, pod)
+            result = await worker.syncing
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if worker.syncing.cancelled() and not (current and current.cancelling()):
+                log.info("sync of pod %s cancelled: the pod is being killed", pod.key)
+                return  # kill_requested is set: the worker terminates the pod next
+            raise
         except Exception:
             log.exception(
                 "sync of pod %s failed; retrying in %.0fs", pod.key, ERROR_REQUEUE_SECONDS
@@ -221,6 +233,7 @@ class PodWorkers:
             self._requeue(worker.uid, ERROR_REQUEUE_SECONDS, jitter=False)
             return
         finally:
+            worker.syncing = None
             metrics.pod_worker_duration.labels(update.value).observe(self._clock() - started)
         if result.terminal:
             worker.state = WorkerState.TERMINATING

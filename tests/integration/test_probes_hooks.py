@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
 
-from tests.integration.agent import container_state, wait_for, write_pod
+from tests.integration.agent import container_state, processes_with, wait_for, write_pod
 
 
 def free_port() -> int:
@@ -289,3 +290,33 @@ livenessProbe:
     )
     messages = [e["message"] for e in agent.events() if e["reason"] == "Unhealthy"]
     assert any('service unhealthy (responded with "NOT_SERVING")' in m for m in messages), messages
+
+
+def test_deleting_a_pod_does_not_wait_for_a_hanging_post_start_hook(
+    start_agent, manifests: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    marker = tmp_path / "hook-ran"
+    tag = str(700_000 + os.getpid() % 100_000)  # a sleep of our own, to find its processes
+    write_pod(
+        manifests,
+        "stuck",
+        manifest(
+            "stuck",
+            f"""
+command: ["sleep", "{tag}"]
+lifecycle:
+  postStart:
+    exec: {{command: ["/bin/sh", "-c", "touch {marker}; exec sleep {tag}1"]}}
+""",
+            grace=30,
+        ),
+    )
+    start_agent()
+    wait_for("the hook hanging", marker.exists)
+    assert len(processes_with(f"sleep {tag}")) == 2  # the container and its hook
+    started = time.monotonic()
+    (manifests / "stuck.yaml").unlink()
+    # The kill cancels the sync that waits for the hook (it would wait the 30 s grace period),
+    # the hook's process included; the container stops at once (sleep ends on SIGTERM).
+    wait_for("both stopped", lambda: processes_with(f"sleep {tag}") == [], timeout=25)
+    assert time.monotonic() - started < 10

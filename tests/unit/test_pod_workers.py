@@ -29,14 +29,20 @@ class RecordingSyncer:
         self.overlap = False
         self.fail_next = False
         self.terminal: set[str] = set()
+        self.cancelled: list[tuple[str, str]] = []
 
     async def _work(self, kind: str, uid: str, detail: str) -> None:
         if uid in self.active:
             self.overlap = True
         self.active.add(uid)
         self.calls.append((kind, uid, detail))
-        await asyncio.sleep(self.delay)
-        self.active.discard(uid)
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            self.cancelled.append((kind, uid))
+            raise
+        finally:
+            self.active.discard(uid)
 
     async def sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
         await self._work("sync", pod.uid, f"{update.value}:{pod.spec.containers[0].image}")
@@ -187,3 +193,19 @@ async def test_removed_readded_removed_stays_removed() -> None:
     workers.update_pod(UpdateType.KILL, pod, removed=True)
     await settle(workers, 0.5)
     assert [c[0] for c in syncer.calls] == ["sync", "terminating", "terminated"]
+
+
+async def test_a_kill_cancels_the_sync_in_progress() -> None:
+    syncer = RecordingSyncer(delay=30)  # a sync that would hang (an image pull, a hook)
+    workers = PodWorkers(syncer, resync_seconds=60)
+    pod = make_pod("a", "u1")
+    workers.update_pod(UpdateType.CREATE, pod)
+    await asyncio.sleep(0.05)
+    syncer.delay = 0.01
+    workers.update_pod(UpdateType.KILL, pod, grace=5, removed=True)
+    await settle(workers, 0.3)
+    assert syncer.cancelled == [("sync", "u1")]
+    assert [c[0] for c in syncer.calls] == ["sync", "terminating", "terminated"]
+    assert syncer.calls[1][2] == "grace=5"
+    assert not syncer.overlap
+    await workers.shutdown(kill=False)
