@@ -78,6 +78,7 @@ spec:
       initialDelaySeconds: 1
       periodSeconds: 1
       failureThreshold: 1
+      terminationGracePeriodSeconds: 2  # sleep as a container's PID 1 ignores SIGTERM
 """,
         # ... "liveness-http": a server whose /healthz starts failing after 3 seconds
         "liveness-http": f"""
@@ -97,6 +98,7 @@ spec:
       initialDelaySeconds: 1
       periodSeconds: 1
       failureThreshold: 1
+      terminationGracePeriodSeconds: 2
 """,
         # ... "tcp-liveness-readiness": ready once something listens on the port
         "tcp-readiness": f"""
