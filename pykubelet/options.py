@@ -67,7 +67,8 @@ class Options:
     manifest_url_max_bytes: int = 10 * 1024 * 1024
     manifest_url_ca_file: Path | None = None
     kubeconfig: Path | None = None
-    container_runtime_endpoint: str = "unix:///var/run/docker.sock"
+    # None: the runtime's default (DEFAULT_ENDPOINTS).
+    container_runtime_endpoint: str | None = None
     pod_infra_container_image: str = "registry.k8s.io/pause:3.10"
     node_ip: str | None = None
     keep_pods_on_exit: bool = False
@@ -116,4 +117,9 @@ class Options:
         return problems
 
 
-RUNTIMES = ("process", "docker")
+RUNTIMES = ("process", "docker", "remote")
+# The kubelet's default for remote runtimes is containerd's socket.
+DEFAULT_ENDPOINTS = {
+    "docker": "unix:///var/run/docker.sock",
+    "remote": "unix:///run/containerd/containerd.sock",
+}
