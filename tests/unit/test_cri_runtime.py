@@ -4,6 +4,9 @@ lifecycle, logs, exec, resources, identity labels and adoption. Plus the CRI log
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +25,7 @@ from pykubelet.runtime.base import (
 )
 from pykubelet.runtime.cri import CriRuntime, linux_resources
 from pykubelet.runtime.cri_log import CriLogDecoder, decode_records, tail_start
+from pykubelet.runtime.cri_proto import cri_api_pb2 as api
 from tests.conftest import Containerd
 
 pytestmark = pytest.mark.cri
@@ -254,3 +258,55 @@ def test_cri_log_records_join_partial_lines() -> None:
     out = b"".join(decoder.feed(LOG[i : i + 7]) for i in range(0, len(LOG), 7))
     assert out == b"one\ntwo part\nerr\n"
     assert decode_records(b"garbage\n" + LOG[:45]) == b"one\n"
+
+
+async def test_host_network_pod_has_the_node_ip(
+    runtime: CriRuntime, containerd: Containerd, tmp_path: Path
+) -> None:
+    pod = make_pod("hostnet", hostNetwork=True)
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    assert sandbox.ip == runtime.node_ip
+    c = await runtime.start_container(pod, sandbox, config("cat /proc/net/dev"))
+    done = await exited(runtime, c)
+    assert b"lo:" in await runtime.read_log(done)
+    # Known after a restart too: from the sandbox's namespace options.
+    other = CriRuntime(containerd.endpoint, INFRA, tmp_path / "root", node_ip="192.0.2.7")
+    await other.start()
+    try:
+        adopted = await other.get_pod(pod.uid)
+        assert adopted is not None and adopted.sandbox is not None
+        assert adopted.sandbox.ip == "192.0.2.7"
+    finally:
+        await other.close()
+
+
+async def test_a_dead_sandbox_is_replaced_and_its_containers_stopped(runtime: CriRuntime) -> None:
+    pod = make_pod("phoenix")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    first = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(pod, first, config(FOREVER))
+    # What a node reboot or a crashed pause process leaves: a sandbox that is not ready.
+    pid = json.loads(
+        (
+            await runtime._call(
+                "PodSandboxStatus",
+                api.PodSandboxStatusRequest(pod_sandbox_id=first.id, verbose=True),
+                api.PodSandboxStatusResponse,
+            )
+        ).info["info"]
+    )["pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    async def not_ready() -> bool:
+        current = await runtime.get_pod(pod.uid)
+        await runtime.list_pods()
+        return current is not None and current.sandbox is not None and not current.sandbox.ready
+
+    await until("sandbox not ready", not_ready)
+    second = await runtime.run_sandbox(pod)
+    assert second.id != first.id and second.ready and second.ip
+    current = await runtime.get_pod(pod.uid)
+    assert current is not None
+    [old] = [x for x in current.containers if x.id == c.id]
+    assert old.state is ContainerRunState.EXITED
