@@ -196,6 +196,12 @@ class CriClient:
             raise CriError(call, code.name, e.details() or "") from None
 
 
+def _unix_socket_path(endpoint: str) -> str | None:
+    if endpoint.startswith("unix://"):
+        return endpoint[len("unix://") :]
+    return endpoint if endpoint.startswith("/") else None
+
+
 def _grpc_target(endpoint: str) -> str:
     """The kubelet's endpoint forms ("unix:///run/x.sock", "/run/x.sock") as grpc's."""
     if endpoint.startswith("/"):
@@ -299,6 +305,13 @@ class CriRuntime:
         except ValueError as e:
             raise RuntimeFailure(f"bad container runtime endpoint {self.endpoint!r}: {e}") from e
         try:
+            socket = _unix_socket_path(self.endpoint)
+            if socket is not None and not await asyncio.to_thread(os.path.exists, socket):
+                # grpc would retry to connect until CONNECT_TIMEOUT: say it at once.
+                raise RuntimeFailure(
+                    f"cannot reach the container runtime at {self.endpoint}: {socket} does not "
+                    "exist (is the runtime running?)"
+                )
             await self._client.wait_ready(CONNECT_TIMEOUT)
             version = await self._call(
                 "Version", api.VersionRequest(version="v1"), api.VersionResponse
@@ -354,9 +367,9 @@ class CriRuntime:
 
     async def close(self) -> None:
         """Stop polling; the containers keep running and the next start() adopts them."""
-        tasks = [*self._tasks, *self._pulls.values()]
+        tasks: list[asyncio.Task[Any]] = [*self._tasks, *self._pulls.values()]
         if self._resync_task is not None:
-            tasks.append(self._resync_task)  # type: ignore[arg-type]
+            tasks.append(self._resync_task)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -102,7 +102,8 @@ async def test_lifecycle_logs_and_exit_code(runtime: CriRuntime) -> None:
     sandbox = await runtime.run_sandbox(pod)
     assert sandbox.ready and sandbox.ip and sandbox.pod_uid == pod.uid
     assert (await runtime.run_sandbox(pod)).id == sandbox.id  # the ready one is reused
-    script = "echo one; printf 'two '; sleep 0.2; echo part; echo err >&2; exit 3"
+    # stdout and stderr are two pipes: only writes apart in time have an order.
+    script = "echo one; printf 'two '; sleep 0.2; echo part; sleep 0.2; echo err >&2; exit 3"
     c = await runtime.start_container(pod, sandbox, config(script))
     assert c.container_id.startswith("remote://")
     done = await exited(runtime, c)
