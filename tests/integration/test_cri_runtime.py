@@ -296,6 +296,36 @@ def test_exec_probes_and_hooks_run_inside_the_container(
     ], lines
 
 
+def test_http_readiness_probe_reaches_the_pod_ip(
+    start_agent, manifests: Path, cri_backend: Backend
+) -> None:  # type: ignore[no-untyped-def]
+    server = (
+        "mkdir -p /www; echo ok > /www/healthz; httpd -f -p 8080 -h /www & "
+        "(sleep 3; rm /www/healthz; sleep 3; echo ok > /www/healthz) & " + FOREVER
+    )
+    write_pod(
+        manifests,
+        "ready",
+        pod_yaml("ready", server)
+        + """\
+    ports: [{name: web, containerPort: 8080}]
+    readinessProbe:
+      httpGet: {path: /healthz, port: web}
+      periodSeconds: 1
+      failureThreshold: 1
+""",
+    )
+    agent = start_agent(*cri_backend.flags)
+
+    def ready() -> bool:
+        return bool(container_state(agent.pod("ready"))["ready"])
+
+    wait_for("ready", ready)
+    wait_for("not ready once /healthz is gone", lambda: not ready(), timeout=15)
+    wait_for("ready again", ready, timeout=15)
+    assert container_state(agent.pod("ready"))["restartCount"] == 0
+
+
 def test_unreachable_runtime_is_a_clear_error(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
