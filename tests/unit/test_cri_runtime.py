@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from pykubelet.api.model import Pod
+from pykubelet.cli import make_runtime, parse_options
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
@@ -26,6 +27,7 @@ from pykubelet.runtime.base import (
 from pykubelet.runtime.cri import CriRuntime, linux_resources
 from pykubelet.runtime.cri_log import CriLogDecoder, decode_records, tail_start
 from pykubelet.runtime.cri_proto import cri_api_pb2 as api
+from pykubelet.runtime.docker import DockerRuntime
 from tests.conftest import Containerd
 
 pytestmark = pytest.mark.cri
@@ -311,3 +313,30 @@ async def test_a_dead_sandbox_is_replaced_and_its_containers_stopped(runtime: Cr
     assert current is not None
     [old] = [x for x in current.containers if x.id == c.id]
     assert old.state is ContainerRunState.EXITED
+
+
+def test_remote_runtime_flags_and_default_endpoints(tmp_path: Path) -> None:
+    remote = make_runtime(parse_options(["--container-runtime", "remote"]), "10.0.0.5")
+    assert isinstance(remote, CriRuntime)
+    # The kubelet's default for a remote runtime: containerd's socket, not Docker's.
+    assert remote.endpoint == "unix:///run/containerd/containerd.sock"
+    assert remote.node_ip == "10.0.0.5"
+    docker = make_runtime(parse_options(["--container-runtime", "docker"]), "10.0.0.5")
+    assert isinstance(docker, DockerRuntime)
+    assert docker.endpoint == "unix:///var/run/docker.sock"
+    chosen = parse_options(
+        [
+            "--container-runtime",
+            "remote",
+            "--container-runtime-endpoint",
+            f"unix://{tmp_path}/crio.sock",
+            "--pod-infra-container-image",
+            "localhost/pause:test",
+        ]
+    )
+    runtime = make_runtime(chosen, "10.0.0.5")
+    assert isinstance(runtime, CriRuntime)
+    assert (runtime.endpoint, runtime.infra_image) == (
+        f"unix://{tmp_path}/crio.sock",
+        "localhost/pause:test",
+    )
