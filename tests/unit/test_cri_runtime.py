@@ -340,3 +340,104 @@ def test_remote_runtime_flags_and_default_endpoints(tmp_path: Path) -> None:
         f"unix://{tmp_path}/crio.sock",
         "localhost/pause:test",
     )
+
+
+class _EventingRuntime:
+    """A CRI runtime that streams GetContainerEvents (containerd 1.7+, CRI-O do; the 1.6 of the
+    session does not): just the calls the agent makes, over a real gRPC server."""
+
+    def __init__(self) -> None:
+        self.containers: list[Any] = []
+        self.events: asyncio.Queue[str] = asyncio.Queue()
+
+    def handler(self) -> Any:
+        import grpc  # type: ignore[import-untyped]
+
+        def unary(fn: Any, request: Any) -> Any:
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=request.FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            )
+
+        async def version(request: Any, context: Any) -> Any:
+            return api.VersionResponse(
+                runtime_name="fake", runtime_version="1", runtime_api_version="v1"
+            )
+
+        async def status(request: Any, context: Any) -> Any:
+            return api.StatusResponse()
+
+        async def sandboxes(request: Any, context: Any) -> Any:
+            return api.ListPodSandboxResponse()
+
+        async def containers(request: Any, context: Any) -> Any:
+            return api.ListContainersResponse(containers=self.containers)
+
+        async def container_status(request: Any, context: Any) -> Any:
+            [c] = [c for c in self.containers if c.id == request.container_id]
+            return api.ContainerStatusResponse(
+                status=api.ContainerStatus(
+                    id=c.id,
+                    metadata=c.metadata,
+                    state=c.state,
+                    created_at=c.created_at,
+                    labels=c.labels,
+                    image=c.image,
+                )
+            )
+
+        async def events(request: Any, context: Any) -> AsyncIterator[Any]:
+            while True:
+                yield api.ContainerEventResponse(container_id=await self.events.get())
+
+        return grpc.method_handlers_generic_handler(
+            "runtime.v1.RuntimeService",
+            {
+                "Version": unary(version, api.VersionRequest),
+                "Status": unary(status, api.StatusRequest),
+                "ListPodSandbox": unary(sandboxes, api.ListPodSandboxRequest),
+                "ListContainers": unary(containers, api.ListContainersRequest),
+                "ContainerStatus": unary(container_status, api.ContainerStatusRequest),
+                "GetContainerEvents": grpc.unary_stream_rpc_method_handler(
+                    events,
+                    request_deserializer=api.GetEventsRequest.FromString,
+                    response_serializer=lambda m: m.SerializeToString(),
+                ),
+            },
+        )
+
+
+async def test_container_events_relist_at_once_where_the_runtime_streams_them(
+    tmp_path: Path,
+) -> None:
+    import grpc
+
+    fake = _EventingRuntime()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((fake.handler(),))
+    server.add_insecure_port(f"unix://{tmp_path}/cri.sock")
+    await server.start()
+    # Polling so slow that only an event can explain a prompt notification.
+    rt = CriRuntime(f"unix://{tmp_path}/cri.sock", INFRA, tmp_path, poll_interval=3600)
+    try:
+        await rt.start()
+        changed: asyncio.Queue[str] = asyncio.Queue()
+        rt.add_listener(changed.put_nowait)
+        fake.containers.append(
+            api.Container(
+                id="c1",
+                metadata=api.ContainerMetadata(name="c"),
+                state=api.CONTAINER_RUNNING,
+                created_at=1,
+                image=api.ImageSpec(image="busybox:test"),
+                labels={"io.pykubelet.managed": "true", "io.kubernetes.pod.uid": "u1"},
+            )
+        )
+        await fake.events.put("c1")
+        assert await asyncio.wait_for(changed.get(), 5) == "u1"
+        pod = await rt.get_pod("u1")
+        assert pod is not None and pod.containers[0].state is ContainerRunState.RUNNING
+    finally:
+        await rt.close()
+        await server.stop(None)
