@@ -71,6 +71,7 @@ STOP_SLACK = 30.0  # beyond the grace period, for the runtime to kill and reap
 EXEC_SLACK = 10.0
 PULL_TIMEOUT = 600.0
 POLL_INTERVAL = 1.0
+EVENTS_RETRY = 5.0
 FOLLOW_INTERVAL = 0.2
 MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's limit for CRI messages
 REFRESH_CONCURRENCY = 8
@@ -1128,27 +1129,31 @@ class CriRuntime:
             self._notify(uid)
 
     async def _watch_events(self) -> None:
-        """GetContainerEvents where the runtime has it: each event relists at once. containerd
-        1.6 answers UNIMPLEMENTED; then the poller alone tells of changes."""
-        client = self._client
-        if client is None:
-            return
-        try:
-            async for _event in client.stream(
-                "GetContainerEvents", api.GetEventsRequest(), api.ContainerEventResponse
-            ):
-                await self._resync_and_notify()
-        except CriError as e:
-            if e.unimplemented:
-                log.info(
-                    "the runtime has no container events (%s): polling every %gs",
-                    e.details,
-                    self.poll_interval,
-                )
-            else:
-                log.warning("container events: %s; polling every %gs", e, self.poll_interval)
-        except (RuntimeFailure, TimeoutError) as e:
-            log.warning("container events: %s; polling every %gs", e, self.poll_interval)
+        """GetContainerEvents where the runtime has it: each event relists at once, and a broken
+        stream is opened again (the poller covers the gap). containerd 1.6 answers
+        UNIMPLEMENTED; then the poller alone tells of changes."""
+        while True:
+            client = self._client
+            if client is None:
+                return
+            try:
+                async for _event in client.stream(
+                    "GetContainerEvents", api.GetEventsRequest(), api.ContainerEventResponse
+                ):
+                    await self._resync_and_notify()
+                log.warning("the runtime ended its container events; reopening")
+            except CriError as e:
+                if e.unimplemented:
+                    log.info(
+                        "the runtime has no container events (%s): polling every %gs",
+                        e.details,
+                        self.poll_interval,
+                    )
+                    return
+                log.warning("container events: %s; retrying in %gs", e, EVENTS_RETRY)
+            except (RuntimeFailure, TimeoutError) as e:
+                log.warning("container events: %s; retrying in %gs", e, EVENTS_RETRY)
+            await asyncio.sleep(EVENTS_RETRY)
 
     # --- helpers --------------------------------------------------------------------------------
 
