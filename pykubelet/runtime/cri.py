@@ -223,6 +223,7 @@ class _Sandbox:
     ready: bool
     ip: str | None
     created_at: datetime
+    seq: int = 0  # when it was last read: what a relist started earlier did not see stays
 
 
 @dataclass
@@ -920,7 +921,11 @@ class CriRuntime:
         refreshed = await asyncio.gather(*(bounded(self._refresh_container(cid)) for cid in stale))
         uids |= {s.uid for s in refreshed_sandboxes if s is not None}
         uids |= {c.uid for c in refreshed if c is not None}
-        for sid in [sid for sid in self._sandboxes if sid not in sandbox_ids]:
+        for sid in [
+            sid
+            for sid, s in self._sandboxes.items()
+            if sid not in sandbox_ids and s.seq <= seen_before
+        ]:
             gone = self._sandboxes.pop(sid)
             self._host_network.discard(sid)
             uids.add(gone.uid)
@@ -963,6 +968,8 @@ class CriRuntime:
             ip=ip,
             created_at=_time(st.created_at) or _now(),
         )
+        self._seq += 1
+        entry.seq = self._seq
         self._sandboxes[sid] = entry
         return entry
 
