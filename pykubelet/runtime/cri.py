@@ -1015,7 +1015,8 @@ class CriRuntime:
             name=labels.get(LABEL_CONTAINER_NAME, st.metadata.name),
             attempt=attempt,
             spec_hash=labels.get(LABEL_SPEC_HASH, ""),
-            image=st.image.image,
+            # The digest reference, what the kubelet reports as imageID.
+            image=st.image_ref or st.image.image,
             state=state,
             created_at=_time(st.created_at) or _now(),
             started_at=_time(st.started_at),

@@ -92,6 +92,8 @@ def test_containers_of_a_pod_share_localhost_hostname_and_pod_ip(
     assert engine.sandbox_status(sandbox.id).status.network.ip == pod_ip
     for status in pod["status"]["containerStatuses"]:
         assert status["containerID"].startswith("remote://")
+        assert status["image"] == "busybox:test"
+        assert status["imageID"].startswith("sha256:"), status
         info = json.loads(engine.container_status(status["containerID"]).info["info"])
         assert info["sandboxID"] == sandbox.id
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
