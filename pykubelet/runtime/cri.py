@@ -77,6 +77,9 @@ MAX_MESSAGE = 16 * 1024 * 1024  # the kubelet's limit for CRI messages
 REFRESH_CONCURRENCY = 8
 
 CPU_PERIOD = 100_000
+# The kubelet's OOM score adjustments per QoS class (pkg/kubelet/qos).
+GUARANTEED_OOM_SCORE_ADJ = -997
+BESTEFFORT_OOM_SCORE_ADJ = 1000
 MIN_CPU_QUOTA = 1_000
 MIN_CPU_SHARES = 2
 
@@ -296,6 +299,7 @@ class CriRuntime:
         self._resync_task: asyncio.Task[set[str]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._host_network: set[str] = set()  # sandbox ids in the node's network namespace
+        self.memory_capacity = 0  # bytes, for the OOM score of burstable containers
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -306,6 +310,7 @@ class CriRuntime:
             self._client = CriClient(self.endpoint)
         except ValueError as e:
             raise RuntimeFailure(f"bad container runtime endpoint {self.endpoint!r}: {e}") from e
+        self.memory_capacity = await asyncio.to_thread(_memory_capacity)
         try:
             socket = _unix_socket_path(self.endpoint)
             if socket is not None and not await asyncio.to_thread(os.path.exists, socket):
@@ -631,6 +636,7 @@ class CriRuntime:
             env[key] = value  # the last value wins, at the first position, as the kubelet does
         try:
             resources = linux_resources(config.limits, config.requests)
+            resources.oom_score_adj = oom_score_adj(pod, config, self.memory_capacity)
         except ValueError as e:
             raise StartError("CreateContainerConfigError", str(e)) from None
         security = api.LinuxContainerSecurityContext(
@@ -1213,6 +1219,42 @@ def linux_resources(limits: dict[str, str], requests: dict[str, str]) -> Any:
         # No swap beyond the limit (the kubelet's NoSwap): else the limit only pushes to swap.
         res.memory_swap_limit_in_bytes = res.memory_limit_in_bytes
     return res
+
+
+def oom_score_adj(pod: Pod, config: ContainerConfig, memory_capacity: int) -> int:
+    """The kubelet's per-QoS OOM score: Guaranteed pods are killed last, BestEffort first, a
+    Burstable container by how much of the node's memory it requests."""
+    specs = [*pod.spec.init_containers, *pod.spec.containers]
+    if all(not c.resources.limits and not c.resources.requests for c in specs):
+        return BESTEFFORT_OOM_SCORE_ADJ
+    guaranteed = True
+    for c in specs:
+        limits, requests = c.resources.limits, c.resources.requests
+        for name in ("cpu", "memory"):
+            if name not in limits or str(requests.get(name, limits[name])) != str(limits[name]):
+                guaranteed = False
+    if guaranteed:
+        return GUARANTEED_OOM_SCORE_ADJ
+    request = config.requests.get("memory", config.limits.get("memory"))
+    memory = math.ceil(parse_quantity(request)) if request is not None else 0
+    if memory_capacity <= 0:
+        return BESTEFFORT_OOM_SCORE_ADJ - 1
+    score = 1000 - (1000 * memory) // memory_capacity
+    # Burstable above any Guaranteed (which reach 3 at 100 % of memory), below BestEffort.
+    if score < 1000 + GUARANTEED_OOM_SCORE_ADJ:
+        return 1000 + GUARANTEED_OOM_SCORE_ADJ
+    return min(score, BESTEFFORT_OOM_SCORE_ADJ - 1)
+
+
+def _memory_capacity() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 # --- log files (run in threads) -----------------------------------------------------------------

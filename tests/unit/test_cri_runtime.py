@@ -24,7 +24,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     StartError,
 )
-from pykubelet.runtime.cri import CriRuntime, linux_resources
+from pykubelet.runtime.cri import CriRuntime, linux_resources, oom_score_adj
 from pykubelet.runtime.cri_log import CriLogDecoder, decode_records, tail_start
 from pykubelet.runtime.cri_proto import cri_api_pb2 as api
 from pykubelet.runtime.docker import DockerRuntime
@@ -441,3 +441,37 @@ async def test_container_events_relist_at_once_where_the_runtime_streams_them(
     finally:
         await rt.close()
         await server.stop(None)
+
+
+def test_oom_score_adj_follows_the_qos_class() -> None:
+    gib = 1024**3
+    best_effort = make_pod("be")
+    assert oom_score_adj(best_effort, config("true"), 8 * gib) == 1000
+    resources = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    guaranteed = make_pod("g", containers=[{"name": "c", "image": "x", "resources": resources}])
+    assert oom_score_adj(guaranteed, config("true", limits=resources["limits"]), 8 * gib) == -997
+    burst = {"requests": {"memory": "2Gi"}}
+    burstable = make_pod("b", containers=[{"name": "c", "image": "x", "resources": burst}])
+    cfg = config("true", requests={"memory": "2Gi"})
+    assert oom_score_adj(burstable, cfg, 8 * gib) == 750  # 1000 - 1000 * 2/8
+    assert oom_score_adj(burstable, config("true", requests={"memory": "8Gi"}), 8 * gib) == 3
+    assert oom_score_adj(burstable, config("true"), 8 * gib) == 999  # below BestEffort
+
+
+async def test_the_runtime_is_given_the_oom_score(runtime: CriRuntime) -> None:
+    burst = {"requests": {"memory": "64Mi"}}
+    pod = make_pod(
+        "scored", containers=[{"name": "c", "image": "busybox:test", "resources": burst}]
+    )
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(pod, sandbox, config(FOREVER, requests={"memory": "64Mi"}))
+    reply = await runtime._call(
+        "ContainerStatus",
+        api.ContainerStatusRequest(container_id=c.id, verbose=True),
+        api.ContainerStatusResponse,
+    )
+    spec = json.loads(reply.info["info"])["runtimeSpec"]
+    expected = 1000 - (1000 * 64 * 1024**2) // runtime.memory_capacity
+    assert spec["process"]["oomScoreAdj"] == min(expected, 999)
+    await runtime.stop_container(c, 0)
