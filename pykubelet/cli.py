@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import NoReturn
 
 from pykubelet import __version__, config_file, ctl, logs
-from pykubelet.options import RUNTIMES, Options, default_node_name, parse_duration
+from pykubelet.options import (
+    DEFAULT_ENDPOINTS,
+    RUNTIMES,
+    Options,
+    default_node_name,
+    parse_duration,
+)
 from pykubelet.runtime.base import Runtime
 
 log = logging.getLogger("pykubelet")
@@ -153,18 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--container-runtime",
         default="process",
         choices=RUNTIMES,
-        help="the backend that runs containers: process (host processes, the default) or "
-        "docker (the Docker Engine API: Docker, or Podman's compatible service)",
+        help="the backend that runs containers: process (host processes, the default), "
+        "docker (the Docker Engine API: Docker, or Podman's compatible service) or remote "
+        "(a CRI runtime: containerd, CRI-O)",
     )
     p.add_argument(
         "--container-runtime-endpoint",
-        default="unix:///var/run/docker.sock",
-        help="the docker runtime's Docker Engine API socket (default unix:///var/run/docker.sock)",
+        default=None,
+        help="the runtime's socket: docker's Docker Engine API (default "
+        "unix:///var/run/docker.sock) or remote's CRI (default "
+        "unix:///run/containerd/containerd.sock)",
     )
     p.add_argument(
         "--pod-infra-container-image",
         default="registry.k8s.io/pause:3.10",
-        help="the image of the container holding each pod's namespaces (docker runtime)",
+        help="the image of the container holding each pod's namespaces (docker and remote "
+        "runtimes; a CRI runtime may use its own configured one)",
     )
     p.add_argument(
         "--address", default="127.0.0.1", help="address of the read-only API (default 127.0.0.1)"
@@ -305,11 +315,16 @@ def detect_host_ip() -> str:
 
 
 def make_runtime(opts: Options, host_ip: str) -> Runtime:
+    endpoint = opts.container_runtime_endpoint or DEFAULT_ENDPOINTS.get(opts.container_runtime, "")
+    if opts.container_runtime == "remote":
+        from pykubelet.runtime.cri import CriRuntime
+
+        return CriRuntime(endpoint, opts.pod_infra_container_image, opts.root_dir, node_ip=host_ip)
     if opts.container_runtime == "docker":
         from pykubelet.runtime.docker import DockerRuntime
 
         return DockerRuntime(
-            opts.container_runtime_endpoint,
+            endpoint,
             opts.pod_infra_container_image,
             opts.root_dir,
             node_ip=host_ip,

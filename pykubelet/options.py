@@ -67,7 +67,8 @@ class Options:
     manifest_url_max_bytes: int = 10 * 1024 * 1024
     manifest_url_ca_file: Path | None = None
     kubeconfig: Path | None = None
-    container_runtime_endpoint: str = "unix:///var/run/docker.sock"
+    # None: the runtime's default (DEFAULT_ENDPOINTS).
+    container_runtime_endpoint: str | None = None
     pod_infra_container_image: str = "registry.k8s.io/pause:3.10"
     node_ip: str | None = None
     keep_pods_on_exit: bool = False
@@ -97,6 +98,13 @@ class Options:
                 problems.append(f"--allowed-host-paths: {path!r} is not an absolute path")
         if self.pod_max_pids < -1:
             problems.append("--pod-max-pids: must be -1 (unlimited) or more")
+        elif self.pod_max_pids != -1 and self.container_runtime == "remote":
+            # The CRI has no pids limit per container; the kubelet sets it on the pod's cgroup,
+            # which pykubelet does not manage for CRI runtimes.
+            problems.append(
+                "--pod-max-pids: not supported with --container-runtime remote yet "
+                "(process and docker support it)"
+            )
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if self.manifest_url is not None and not self.manifest_url.startswith(
@@ -125,4 +133,9 @@ class Options:
         return problems
 
 
-RUNTIMES = ("process", "docker")
+RUNTIMES = ("process", "docker", "remote")
+# The kubelet's default for remote runtimes is containerd's socket.
+DEFAULT_ENDPOINTS = {
+    "docker": "unix:///var/run/docker.sock",
+    "remote": "unix:///run/containerd/containerd.sock",
+}

@@ -250,6 +250,11 @@ class Engine:
         info: dict[str, Any] | None = self.request("GET", f"containers/{cid}/json")
         return info
 
+    def pid(self, container_id: str) -> int | None:
+        info = self.inspect(container_id) or {}
+        found = (info.get("State") or {}).get("Pid")
+        return int(found) if found else None
+
     def gateway(self) -> str:
         """The host's address on the engine's default network, as the containers reach it."""
         for name in ("podman", "bridge"):
@@ -266,6 +271,89 @@ class Engine:
         rows.sort(key=lambda r: (r.get("Labels") or {}).get(LABEL_TYPE) == "podsandbox")
         for row in rows:
             self.request("DELETE", f"containers/{row['Id']}", {"force": "1", "v": "1"})
+
+
+class CriEngine:
+    """Just enough of the CRI to check what the agent did, as `crictl` would."""
+
+    def __init__(self, endpoint: str, gateway_ip: str) -> None:
+        import grpc  # type: ignore[import-untyped]
+
+        from pykubelet.runtime.cri_proto import cri_api_pb2 as api
+
+        self.endpoint = endpoint
+        self.api = api
+        self._gateway = gateway_ip
+        self._channel = grpc.insecure_channel(endpoint)
+
+    def call(self, name: str, request: Any, response: Any, service: str = "RuntimeService") -> Any:
+        method = self._channel.unary_unary(
+            f"/runtime.v1.{service}/{name}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response.FromString,
+        )
+        return method(request, timeout=60)
+
+    def sandboxes(self, **labels: str) -> list[Any]:
+        api = self.api
+        selector = {"io.pykubelet.managed": "true", **labels}
+        reply = self.call(
+            "ListPodSandbox",
+            api.ListPodSandboxRequest(filter=api.PodSandboxFilter(label_selector=selector)),
+            api.ListPodSandboxResponse,
+        )
+        return list(reply.items)
+
+    def containers(self, **labels: str) -> list[Any]:
+        api = self.api
+        selector = {"io.pykubelet.managed": "true", **labels}
+        reply = self.call(
+            "ListContainers",
+            api.ListContainersRequest(filter=api.ContainerFilter(label_selector=selector)),
+            api.ListContainersResponse,
+        )
+        return list(reply.containers)
+
+    def pod_containers(self, pod_name: str) -> list[Any]:
+        """The pod's sandboxes and containers."""
+        labels = {LABEL_POD_NAME: f"{pod_name}-{NODE}"}
+        return [*self.sandboxes(**labels), *self.containers(**labels)]
+
+    def container_status(self, container_id: str) -> Any:
+        api = self.api
+        cid = container_id.split("://", 1)[-1]
+        return self.call(
+            "ContainerStatus",
+            api.ContainerStatusRequest(container_id=cid, verbose=True),
+            api.ContainerStatusResponse,
+        )
+
+    def sandbox_status(self, sandbox_id: str) -> Any:
+        api = self.api
+        return self.call(
+            "PodSandboxStatus",
+            api.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True),
+            api.PodSandboxStatusResponse,
+        )
+
+    def pid(self, container_id: str) -> int | None:
+        info = json.loads(self.container_status(container_id).info.get("info", "{}"))
+        return int(info["pid"]) if info.get("pid") else None
+
+    def gateway(self) -> str:
+        return self._gateway
+
+    def remove_all(self) -> None:
+        api = self.api
+        # Removing a sandbox removes its containers.
+        for sandbox in self.sandboxes():
+            request = api.StopPodSandboxRequest(pod_sandbox_id=sandbox.id)
+            self.call("StopPodSandbox", request, api.StopPodSandboxResponse)
+            request = api.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id)
+            self.call("RemovePodSandbox", request, api.RemovePodSandboxResponse)
+        for container in self.containers():
+            request = api.RemoveContainerRequest(container_id=container.id)
+            self.call("RemoveContainer", request, api.RemoveContainerResponse)
 
 
 class _JournalHandler(http.server.BaseHTTPRequestHandler):
@@ -319,7 +407,7 @@ class Backend:
 
     name: str
     flags: list[str] = field(default_factory=list)
-    engine: Engine | None = None
+    engine: Engine | CriEngine | None = None
     journals: list[Journal] = field(default_factory=list)
 
     @property
@@ -358,9 +446,7 @@ class Backend:
             statuses = (agent.pod(pod) or {}).get("status", {}).get("containerStatuses") or []
             for st in statuses:
                 if st["name"] == container and "running" in st["state"]:
-                    info = engine.inspect(st["containerID"]) or {}
-                    found = (info.get("State") or {}).get("Pid")
-                    return int(found) if found else None
+                    return engine.pid(st["containerID"])
             return None
 
         return int(wait_for(f"{pod} pid", pid))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.agent import Agent, Backend, Engine
+from tests.conftest import Containerd
+from tests.integration.agent import Agent, Backend, CriEngine, Engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV_SCRIPT = ROOT / "scripts" / "podman-test-env"
@@ -30,7 +31,7 @@ def start_agent(
     tmp_path: Path, manifests: Path, request: pytest.FixtureRequest
 ) -> Iterator[Callable[..., Agent]]:
     """Start the real agent on a temp manifest directory; stops it (and its pods) afterwards."""
-    for name in ("backend", "docker_backend"):
+    for name in ("backend", "docker_backend", "cri_backend"):
         if name in request.fixturenames:
             # Set up first so that it is torn down last, once the agent has stopped.
             request.getfixturevalue(name)
@@ -101,11 +102,35 @@ def docker_backend(container_engine: Engine) -> Iterator[Backend]:
     backend.close()
 
 
-@pytest.fixture(params=["process", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture
+def cri_backend(containerd: Containerd) -> Iterator[Backend]:
+    engine = CriEngine(containerd.endpoint, containerd.gateway)
+    engine.remove_all()  # whatever an earlier test left behind
+    flags = [
+        "--container-runtime",
+        "remote",
+        "--container-runtime-endpoint",
+        containerd.endpoint,
+        "--pod-infra-container-image",
+        "localhost/pause:test",
+    ]
+    backend = Backend("remote", flags, engine)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(
+    params=[
+        "process",
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("remote", marks=pytest.mark.cri),
+    ]
+)
 def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     """Run the test once per runtime."""
-    if request.param == "docker":
-        yield request.getfixturevalue("docker_backend")
+    engine_backend = {"docker": "docker_backend", "remote": "cri_backend"}.get(request.param)
+    if engine_backend is not None:
+        yield request.getfixturevalue(engine_backend)
         return
     backend = Backend("process")
     yield backend

@@ -1,0 +1,477 @@
+"""CriRuntime against the real containerd of the session (scripts/containerd-test-env): the
+lifecycle, logs, exec, resources, identity labels and adoption. Plus the CRI log format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pykubelet.api.model import Pod
+from pykubelet.cli import make_runtime, parse_options
+from pykubelet.runtime.base import (
+    ContainerConfig,
+    ContainerRunState,
+    Mount,
+    RuntimeContainer,
+    RuntimeFailure,
+    StartError,
+)
+from pykubelet.runtime.cri import CriRuntime, linux_resources, oom_score_adj
+from pykubelet.runtime.cri_log import CriLogDecoder, decode_records, tail_start
+from pykubelet.runtime.cri_proto import cri_api_pb2 as api
+from pykubelet.runtime.docker import DockerRuntime
+from tests.conftest import Containerd
+
+pytestmark = pytest.mark.cri
+
+INFRA = "localhost/pause:test"
+FOREVER = 'trap "exit 0" TERM; while :; do sleep 1 & wait; done'
+
+
+def make_pod(name: str = "web", **spec: Any) -> Pod:
+    return Pod.model_validate(
+        {
+            "metadata": {"name": name, "namespace": "default", "uid": uuid.uuid4().hex},
+            "spec": {"containers": [{"name": "c", "image": "busybox:test"}], **spec},
+        }
+    )
+
+
+def config(script: str, name: str = "c", attempt: int = 0, **kw: Any) -> ContainerConfig:
+    fields: dict[str, Any] = {
+        "name": name,
+        "image": "busybox:test",
+        "command": ["/bin/sh", "-c", script],
+        "args": [],
+        "env": [],
+        "working_dir": None,
+        "attempt": attempt,
+        "spec_hash": "h1",
+        "image_pull_policy": "IfNotPresent",
+    }
+    fields.update(kw)
+    return ContainerConfig(**fields)
+
+
+@pytest.fixture
+async def runtime(containerd: Containerd, tmp_path: Path) -> AsyncIterator[CriRuntime]:
+    rt = CriRuntime(containerd.endpoint, INFRA, tmp_path / "root", poll_interval=0.2)
+    await rt.start()
+    uids: list[str] = []
+    rt.test_uids = uids  # type: ignore[attr-defined]
+    try:
+        yield rt
+    finally:
+        for uid in uids:
+            await rt.remove_pod(uid)
+        await rt.close()
+
+
+async def until(what: str, check: Any, seconds: float = 20.0) -> Any:
+    deadline = asyncio.get_running_loop().time() + seconds
+    last = None
+    while asyncio.get_running_loop().time() < deadline:
+        last = await check()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+async def exited(rt: CriRuntime, c: RuntimeContainer) -> RuntimeContainer:
+    async def check() -> RuntimeContainer | None:
+        pod = await rt.get_pod(c.pod_uid)
+        found = [x for x in (pod.containers if pod else []) if x.id == c.id]
+        return found[0] if found and found[0].state is ContainerRunState.EXITED else None
+
+    result: RuntimeContainer = await until(f"{c.name} exited", check)
+    return result
+
+
+async def test_lifecycle_logs_and_exit_code(runtime: CriRuntime) -> None:
+    pod = make_pod()
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    changed: list[str] = []
+    runtime.add_listener(changed.append)
+    sandbox = await runtime.run_sandbox(pod)
+    assert sandbox.ready and sandbox.ip and sandbox.pod_uid == pod.uid
+    assert (await runtime.run_sandbox(pod)).id == sandbox.id  # the ready one is reused
+    # stdout and stderr are two pipes: only writes apart in time have an order.
+    script = "echo one; printf 'two '; sleep 0.2; echo part; sleep 0.2; echo err >&2; exit 3"
+    c = await runtime.start_container(pod, sandbox, config(script))
+    assert c.container_id.startswith("remote://")
+    done = await exited(runtime, c)
+    assert (done.exit_code, done.reason) == (3, "Error")
+    assert done.started_at is not None and done.finished_at is not None
+    assert pod.uid in changed  # the poller told of the exit
+    assert await runtime.read_log(done) == b"one\ntwo part\nerr\n"
+    assert await runtime.read_log(done, tail_lines=2) == b"two part\nerr\n"
+    assert await runtime.read_log(done, limit_bytes=5) == b"one\nt"
+    followed = b"".join([chunk async for chunk in runtime.follow_log(done)])
+    assert followed == b"one\ntwo part\nerr\n"
+    await runtime.remove_container(done)
+    assert not (await runtime.get_pod(pod.uid)).containers  # type: ignore[union-attr]
+
+
+async def test_follow_log_ends_when_the_container_exits(runtime: CriRuntime) -> None:
+    pod = make_pod("follow")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(
+        pod, sandbox, config("for i in 1 2 3; do echo line $i; sleep 0.3; done")
+    )
+    chunks = [chunk async for chunk in runtime.follow_log(c)]
+    assert b"".join(chunks) == b"line 1\nline 2\nline 3\n"
+
+
+async def test_exec_stop_and_adoption(
+    runtime: CriRuntime, containerd: Containerd, tmp_path: Path
+) -> None:
+    pod = make_pod("adopt")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(
+        pod, sandbox, config(FOREVER, env=[("GREETING", "hi"), ("GREETING", "hello")])
+    )
+    result = await runtime.exec_sync(c, ["/bin/sh", "-c", "echo $GREETING; exit 4"], [], 5)
+    assert (result.exit_code, result.output) == (4, b"hello\n")
+    slow = await runtime.exec_sync(c, ["sleep", "5"], [], 1)
+    assert slow.timed_out
+    with pytest.raises(RuntimeFailure, match="no-such-command"):
+        await runtime.exec_sync(c, ["no-such-command"], [], 5)
+
+    # A second agent over the same runtime sees the same pod, identity and all.
+    other = CriRuntime(containerd.endpoint, INFRA, tmp_path / "root")
+    await other.start()
+    try:
+        adopted = await other.get_pod(pod.uid)
+        assert adopted is not None and adopted.sandbox is not None
+        assert adopted.sandbox.id == sandbox.id and adopted.sandbox.ip == sandbox.ip
+        [seen] = adopted.containers
+        assert (seen.id, seen.name, seen.attempt, seen.spec_hash) == (c.id, "c", 0, "h1")
+        assert seen.state is ContainerRunState.RUNNING and seen.pid
+    finally:
+        await other.close()
+
+    await runtime.stop_container(c, 10)
+    stopped = (await runtime.get_pod(pod.uid)).containers[0]  # type: ignore[union-attr]
+    assert stopped.state is ContainerRunState.EXITED and stopped.exit_code == 0
+    await runtime.remove_pod(pod.uid)
+    assert await runtime.get_pod(pod.uid) is None
+    assert pod.uid not in {p.uid for p in await runtime.list_pods()}
+
+
+async def test_memory_limit_is_reported_as_oomkilled(runtime: CriRuntime) -> None:
+    pod = make_pod("oom")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    # dd, as PID 1, allocates its 200 MB block at once: the kernel kills it, not some child.
+    hog = "exec dd if=/dev/zero of=/dev/null bs=200M count=1"
+    c = await runtime.start_container(pod, sandbox, config(hog, limits={"memory": "16Mi"}))
+    done = await exited(runtime, c)
+    assert (done.reason, done.exit_code) == ("OOMKilled", 137)
+
+
+async def test_security_context_mounts_and_readonly_rootfs(
+    runtime: CriRuntime, tmp_path: Path
+) -> None:
+    pod = make_pod("secure")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "in").write_text("from the host\n")
+    sandbox = await runtime.run_sandbox(pod)
+    script = (
+        "id -u; id -g; id -G; cat /data/in; touch /data/x 2>/dev/null || echo ro-mount; "
+        "touch /rootfs-file 2>/dev/null || echo ro-root"
+    )
+    c = await runtime.start_container(
+        pod,
+        sandbox,
+        config(
+            script,
+            run_as_user=1234,
+            run_as_group=2345,
+            supplemental_groups=[3456],
+            read_only_root_filesystem=True,
+            mounts=[Mount(str(shared), "/data", read_only=True)],
+        ),
+    )
+    done = await exited(runtime, c)
+    lines = (await runtime.read_log(done)).decode().split("\n")
+    assert lines[:2] == ["1234", "2345"]
+    assert "3456" in lines[2].split()
+    assert lines[3:6] == ["from the host", "ro-mount", "ro-root"]
+    assert done.exit_code == 0
+
+
+async def test_image_pull_policies(runtime: CriRuntime) -> None:
+    pod = make_pod("images")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    with pytest.raises(StartError) as never:
+        await runtime.start_container(
+            pod, sandbox, config("true", image="localhost/absent:1", image_pull_policy="Never")
+        )
+    assert never.value.reason == "ErrImageNeverPull"
+    with pytest.raises(StartError) as pull:
+        await runtime.start_container(pod, sandbox, config("true", image="localhost/absent:1"))
+    assert pull.value.reason == "ErrImagePull"
+    assert "localhost/absent:1" in pull.value.message
+
+
+async def test_unreachable_runtime_is_a_runtime_failure(tmp_path: Path) -> None:
+    rt = CriRuntime(f"unix://{tmp_path}/none.sock", INFRA, tmp_path)
+    with pytest.raises(RuntimeFailure, match="cannot reach the container runtime"):
+        await rt.start()
+
+
+def test_linux_resources_as_the_kubelet_sets_them() -> None:
+    res = linux_resources({"cpu": "500m", "memory": "64Mi"}, {"cpu": "250m"})
+    assert (res.cpu_period, res.cpu_quota, res.cpu_shares) == (100000, 50000, 256)
+    assert res.memory_limit_in_bytes == 64 * 1024 * 1024
+    assert linux_resources({"cpu": "1"}, {}).cpu_shares == 1024  # the request is the limit
+    assert linux_resources({}, {}).cpu_shares == 2  # BestEffort
+    with pytest.raises(ValueError):
+        linux_resources({"memory": "lots"}, {})
+
+
+LOG = (
+    b"2026-01-01T00:00:00.000000001Z stdout F one\n"
+    b"2026-01-01T00:00:00.000000002Z stdout P two \n"
+    b"2026-01-01T00:00:00.000000003Z stdout F part\n"
+    b"2026-01-01T00:00:00.000000004Z stderr F err\n"
+)
+
+
+def test_cri_log_records_join_partial_lines() -> None:
+    assert decode_records(LOG) == b"one\ntwo part\nerr\n"
+    assert decode_records(LOG[tail_start(LOG, 2) :]) == b"two part\nerr\n"
+    assert decode_records(LOG[tail_start(LOG, 1) :]) == b"err\n"
+    assert tail_start(LOG, 10) == 0 and tail_start(LOG, 0) == len(LOG)
+    decoder = CriLogDecoder()
+    out = b"".join(decoder.feed(LOG[i : i + 7]) for i in range(0, len(LOG), 7))
+    assert out == b"one\ntwo part\nerr\n"
+    assert decode_records(b"garbage\n" + LOG[:45]) == b"one\n"
+
+
+async def test_host_network_pod_has_the_node_ip(
+    runtime: CriRuntime, containerd: Containerd, tmp_path: Path
+) -> None:
+    pod = make_pod("hostnet", hostNetwork=True)
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    assert sandbox.ip == runtime.node_ip
+    c = await runtime.start_container(pod, sandbox, config("cat /proc/net/dev"))
+    done = await exited(runtime, c)
+    assert b"lo:" in await runtime.read_log(done)
+    # Known after a restart too: from the sandbox's namespace options.
+    other = CriRuntime(containerd.endpoint, INFRA, tmp_path / "root", node_ip="192.0.2.7")
+    await other.start()
+    try:
+        adopted = await other.get_pod(pod.uid)
+        assert adopted is not None and adopted.sandbox is not None
+        assert adopted.sandbox.ip == "192.0.2.7"
+    finally:
+        await other.close()
+
+
+async def test_a_dead_sandbox_is_replaced_and_its_containers_stopped(runtime: CriRuntime) -> None:
+    pod = make_pod("phoenix")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    first = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(pod, first, config(FOREVER))
+    # What a node reboot or a crashed pause process leaves: a sandbox that is not ready.
+    pid = json.loads(
+        (
+            await runtime._call(
+                "PodSandboxStatus",
+                api.PodSandboxStatusRequest(pod_sandbox_id=first.id, verbose=True),
+                api.PodSandboxStatusResponse,
+            )
+        ).info["info"]
+    )["pid"]
+    os.kill(pid, signal.SIGKILL)
+
+    async def not_ready() -> bool:
+        current = await runtime.get_pod(pod.uid)
+        await runtime.list_pods()
+        return current is not None and current.sandbox is not None and not current.sandbox.ready
+
+    await until("sandbox not ready", not_ready)
+    second = await runtime.run_sandbox(pod)
+    assert second.id != first.id and second.ready and second.ip
+    current = await runtime.get_pod(pod.uid)
+    assert current is not None
+    [old] = [x for x in current.containers if x.id == c.id]
+    assert old.state is ContainerRunState.EXITED
+
+
+def test_remote_runtime_flags_and_default_endpoints(tmp_path: Path) -> None:
+    remote = make_runtime(parse_options(["--container-runtime", "remote"]), "10.0.0.5")
+    assert isinstance(remote, CriRuntime)
+    # The kubelet's default for a remote runtime: containerd's socket, not Docker's.
+    assert remote.endpoint == "unix:///run/containerd/containerd.sock"
+    assert remote.node_ip == "10.0.0.5"
+    docker = make_runtime(parse_options(["--container-runtime", "docker"]), "10.0.0.5")
+    assert isinstance(docker, DockerRuntime)
+    assert docker.endpoint == "unix:///var/run/docker.sock"
+    chosen = parse_options(
+        [
+            "--container-runtime",
+            "remote",
+            "--container-runtime-endpoint",
+            f"unix://{tmp_path}/crio.sock",
+            "--pod-infra-container-image",
+            "localhost/pause:test",
+        ]
+    )
+    runtime = make_runtime(chosen, "10.0.0.5")
+    assert isinstance(runtime, CriRuntime)
+    assert (runtime.endpoint, runtime.infra_image) == (
+        f"unix://{tmp_path}/crio.sock",
+        "localhost/pause:test",
+    )
+
+
+class _EventingRuntime:
+    """A CRI runtime that streams GetContainerEvents (containerd 1.7+, CRI-O do; the 1.6 of the
+    session does not): just the calls the agent makes, over a real gRPC server."""
+
+    def __init__(self) -> None:
+        self.containers: list[Any] = []
+        self.events: asyncio.Queue[str] = asyncio.Queue()
+
+    def handler(self) -> Any:
+        import grpc  # type: ignore[import-untyped]
+
+        def unary(fn: Any, request: Any) -> Any:
+            return grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=request.FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            )
+
+        async def version(request: Any, context: Any) -> Any:
+            return api.VersionResponse(
+                runtime_name="fake", runtime_version="1", runtime_api_version="v1"
+            )
+
+        async def status(request: Any, context: Any) -> Any:
+            return api.StatusResponse()
+
+        async def sandboxes(request: Any, context: Any) -> Any:
+            return api.ListPodSandboxResponse()
+
+        async def containers(request: Any, context: Any) -> Any:
+            return api.ListContainersResponse(containers=self.containers)
+
+        async def container_status(request: Any, context: Any) -> Any:
+            [c] = [c for c in self.containers if c.id == request.container_id]
+            return api.ContainerStatusResponse(
+                status=api.ContainerStatus(
+                    id=c.id,
+                    metadata=c.metadata,
+                    state=c.state,
+                    created_at=c.created_at,
+                    labels=c.labels,
+                    image=c.image,
+                )
+            )
+
+        async def events(request: Any, context: Any) -> AsyncIterator[Any]:
+            while True:
+                yield api.ContainerEventResponse(container_id=await self.events.get())
+
+        return grpc.method_handlers_generic_handler(
+            "runtime.v1.RuntimeService",
+            {
+                "Version": unary(version, api.VersionRequest),
+                "Status": unary(status, api.StatusRequest),
+                "ListPodSandbox": unary(sandboxes, api.ListPodSandboxRequest),
+                "ListContainers": unary(containers, api.ListContainersRequest),
+                "ContainerStatus": unary(container_status, api.ContainerStatusRequest),
+                "GetContainerEvents": grpc.unary_stream_rpc_method_handler(
+                    events,
+                    request_deserializer=api.GetEventsRequest.FromString,
+                    response_serializer=lambda m: m.SerializeToString(),
+                ),
+            },
+        )
+
+
+async def test_container_events_relist_at_once_where_the_runtime_streams_them(
+    tmp_path: Path,
+) -> None:
+    import grpc
+
+    fake = _EventingRuntime()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((fake.handler(),))
+    server.add_insecure_port(f"unix://{tmp_path}/cri.sock")
+    await server.start()
+    # Polling so slow that only an event can explain a prompt notification.
+    rt = CriRuntime(f"unix://{tmp_path}/cri.sock", INFRA, tmp_path, poll_interval=3600)
+    try:
+        await rt.start()
+        changed: asyncio.Queue[str] = asyncio.Queue()
+        rt.add_listener(changed.put_nowait)
+        fake.containers.append(
+            api.Container(
+                id="c1",
+                metadata=api.ContainerMetadata(name="c"),
+                state=api.CONTAINER_RUNNING,
+                created_at=1,
+                image=api.ImageSpec(image="busybox:test"),
+                labels={"io.pykubelet.managed": "true", "io.kubernetes.pod.uid": "u1"},
+            )
+        )
+        await fake.events.put("c1")
+        assert await asyncio.wait_for(changed.get(), 5) == "u1"
+        pod = await rt.get_pod("u1")
+        assert pod is not None and pod.containers[0].state is ContainerRunState.RUNNING
+    finally:
+        await rt.close()
+        await server.stop(None)
+
+
+def test_oom_score_adj_follows_the_qos_class() -> None:
+    gib = 1024**3
+    best_effort = make_pod("be")
+    assert oom_score_adj(best_effort, config("true"), 8 * gib) == 1000
+    resources = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    guaranteed = make_pod("g", containers=[{"name": "c", "image": "x", "resources": resources}])
+    assert oom_score_adj(guaranteed, config("true", limits=resources["limits"]), 8 * gib) == -997
+    burst = {"requests": {"memory": "2Gi"}}
+    burstable = make_pod("b", containers=[{"name": "c", "image": "x", "resources": burst}])
+    cfg = config("true", requests={"memory": "2Gi"})
+    assert oom_score_adj(burstable, cfg, 8 * gib) == 750  # 1000 - 1000 * 2/8
+    assert oom_score_adj(burstable, config("true", requests={"memory": "8Gi"}), 8 * gib) == 3
+    assert oom_score_adj(burstable, config("true"), 8 * gib) == 999  # below BestEffort
+
+
+async def test_the_runtime_is_given_the_oom_score(runtime: CriRuntime) -> None:
+    burst = {"requests": {"memory": "64Mi"}}
+    pod = make_pod(
+        "scored", containers=[{"name": "c", "image": "busybox:test", "resources": burst}]
+    )
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(pod, sandbox, config(FOREVER, requests={"memory": "64Mi"}))
+    reply = await runtime._call(
+        "ContainerStatus",
+        api.ContainerStatusRequest(container_id=c.id, verbose=True),
+        api.ContainerStatusResponse,
+    )
+    spec = json.loads(reply.info["info"])["runtimeSpec"]
+    expected = 1000 - (1000 * 64 * 1024**2) // runtime.memory_capacity
+    assert spec["process"]["oomScoreAdj"] == min(expected, 999)
+    await runtime.stop_container(c, 0)
