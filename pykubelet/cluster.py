@@ -145,13 +145,18 @@ class ApiObjectLookup:
                 return None
             raise EnvError(f'cannot read {kind[:-1]} "{namespace}/{name}": {exc}') from None
 
-    async def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+    async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
         obj = await self._get("configmaps", namespace, name)
         if obj is None:
             return None
-        data = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
-        for key, value in (obj.get("binaryData") or {}).items():
-            data[str(key)] = base64.b64decode(value).decode("utf-8", errors="replace")
+        data: dict[str, str | bytes] = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        try:
+            for key, value in (obj.get("binaryData") or {}).items():
+                data[str(key)] = base64.b64decode(value)  # bytes as they are: a keystore, a gzip
+        except (ValueError, TypeError) as exc:
+            raise EnvError(
+                f'configmap "{namespace}/{name}": binaryData is not base64: {exc}'
+            ) from None
         return data
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:

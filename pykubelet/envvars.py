@@ -69,7 +69,8 @@ class ApiObjects:
     A name maps to None when the API server says there is no such object.
     """
 
-    config_maps: dict[str, dict[str, str] | None] = field(default_factory=dict)
+    # A ConfigMap's `data` as text, its `binaryData` as bytes (only volumes show those).
+    config_maps: dict[str, dict[str, str | bytes] | None] = field(default_factory=dict)
     secrets: dict[str, dict[str, bytes] | None] = field(default_factory=dict)
 
 
@@ -127,16 +128,22 @@ def resource_value(
 
 
 def _config_map_value(objects: ApiObjects, ref: ConfigMapKeySelector, namespace: str) -> str | None:
-    data = objects.config_maps.get(ref.name)
-    if data is None:
+    found = objects.config_maps.get(ref.name)
+    if found is None:
         if ref.optional:
             return None
         raise EnvError(f'configmap "{ref.name}" not found')
+    data = _text_only(found)
     if ref.key not in data:
         if ref.optional:
             return None
         raise EnvError(f"couldn't find key {ref.key} in ConfigMap {namespace}/{ref.name}")
     return data[ref.key]
+
+
+def _text_only(data: dict[str, str | bytes]) -> dict[str, str]:
+    """As the kubelet: the environment takes a ConfigMap's `data`, never its `binaryData`."""
+    return {k: v for k, v in data.items() if isinstance(v, str)}
 
 
 def _secret_value(objects: ApiObjects, ref: SecretKeySelector, namespace: str) -> str | None:
@@ -162,7 +169,8 @@ def _env_from(
         data: dict[str, str] | None
         if source.config_map_ref is not None:
             ref = source.config_map_ref
-            data = objects.config_maps.get(ref.name)
+            found = objects.config_maps.get(ref.name)
+            data = None if found is None else _text_only(found)
             kind = "configmap"
         elif source.secret_ref is not None:
             ref = source.secret_ref

@@ -61,8 +61,8 @@ class VolumeError(Exception):
 class ObjectLookup(Protocol):
     """Reads ConfigMaps and Secrets of the pod's namespace (the API server, in cluster mode)."""
 
-    async def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The object's data, or None if there is no such ConfigMap."""
+    async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
+        """The object's data (text) and binaryData (bytes), or None if there is none."""
         ...
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
@@ -73,7 +73,7 @@ class ObjectLookup(Protocol):
 class NoApiServer:
     """Without --kubeconfig there are no ConfigMaps or Secrets to read."""
 
-    async def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+    async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
         raise EnvError(f'configmap "{name}": no API server (pykubelet runs without --kubeconfig)')
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
@@ -173,6 +173,8 @@ class VolumeManager:
     # --- in a thread ----------------------------------------------------------------------------
 
     def _setup(self, pod: Pod, objects: ApiObjects) -> dict[str, str]:
+        # Private, as everything under --root-dir: containers reach their volumes by the binds.
+        os.makedirs(self._dir, 0o700, exist_ok=True)
         paths: dict[str, str] = {}
         for volume in pod.spec.volumes or []:
             try:
@@ -210,7 +212,7 @@ class VolumeManager:
             if data is None and not source.optional:
                 raise VolumeError(f'configmap "{source.name}" not found')
             files = _key_files(
-                {k: v.encode() for k, v in (data or {}).items()},
+                {k: v.encode() if isinstance(v, str) else v for k, v in (data or {}).items()},
                 source.items,
                 source.default_mode,
                 source.optional,
@@ -291,7 +293,8 @@ class VolumeManager:
                 raise VolumeError(f"hostPath type check failed: {path} does not exist") from None
             if not test(mode):
                 raise VolumeError(f"hostPath type check failed: {path} is not {what}")
-        return path
+        # What was checked is what gets bound, not a name a link may have moved meanwhile.
+        return os.path.realpath(path) if self._allowed else path
 
     def _tmpfs(self, path: Path, mode: int, size: int | None) -> None:
         if os.path.ismount(path):
@@ -352,21 +355,36 @@ class VolumeManager:
             # As the kubelet: ConfigMap, Secret and downward API volumes are always read-only.
             read_only = spec.read_only or (volume.host_path is None and volume.empty_dir is None)
             if spec.sub_path:
-                source = self._sub_path(source, spec.sub_path, spec.name)
+                # As the kubelet: a missing subPath is made in an emptyDir or hostPath, never
+                # in the files of a ConfigMap, Secret or downward API volume.
+                creatable = volume.host_path is not None or volume.empty_dir is not None
+                source = self._sub_path(source, spec.sub_path, spec.name, creatable)
             mounts.append(Mount(source, spec.mount_path, read_only))
         return mounts
 
-    def _sub_path(self, volume_path: str, sub_path: str, volume: str) -> str:
+    def _sub_path(self, volume_path: str, sub_path: str, volume: str, creatable: bool) -> str:
+        """The subPath's real location, checked one component at a time before anything is
+        created: a link a container planted in the volume must not make the agent (root) create
+        or bind anything outside of it (the kubelet's CVE-2017-1002101)."""
         base = os.path.realpath(volume_path)
-        candidate = os.path.join(base, sub_path)
-        if not os.path.lexists(candidate):
-            os.makedirs(candidate, SUBPATH_MODE, exist_ok=True)
-        real = os.path.realpath(candidate)
-        if real != base and not real.startswith(base.rstrip("/") + "/"):
-            raise VolumeError(
-                f'subPath "{sub_path}" of volume "{volume}" resolves to {real}, outside the volume'
-            )
-        return real
+        current = base
+        for part in sub_path.split("/"):
+            if part in ("", "."):
+                continue
+            candidate = os.path.join(current, part)
+            if not os.path.lexists(candidate):
+                if not creatable:
+                    raise VolumeError(f'subPath "{sub_path}" does not exist in volume "{volume}"')
+                with contextlib.suppress(FileExistsError):  # made meanwhile: checked below
+                    os.mkdir(candidate, SUBPATH_MODE)
+            real = os.path.realpath(candidate)
+            if real != base and not real.startswith(base.rstrip("/") + "/"):
+                raise VolumeError(
+                    f'subPath "{sub_path}" of volume "{volume}" resolves to {real}, '
+                    "outside the volume"
+                )
+            current = real
+        return current
 
     def _teardown(self, uid: str) -> None:
         pod_dir = self.pod_dir(uid)
@@ -382,9 +400,15 @@ class VolumeManager:
 
     def _pod_uids(self) -> list[str]:
         try:
-            return sorted(e.name for e in os.scandir(self._dir) if e.is_dir(follow_symlinks=False))
+            entries = list(os.scandir(self._dir))
         except FileNotFoundError:
             return []
+        # Only what this manager made: a directory holding "volumes".
+        return sorted(
+            e.name
+            for e in entries
+            if e.is_dir(follow_symlinks=False) and os.path.isdir(os.path.join(e.path, "volumes"))
+        )
 
     def _over_limit(self, pod: Pod) -> list[Exceeded]:
         found: list[Exceeded] = []

@@ -16,6 +16,11 @@ _DECIMAL: dict[str, Fraction] = {
 }
 
 
+# Beyond what any resource needs (the API server caps values at 2^63): keeps parsing cheap.
+MAX_EXPONENT = 30
+MAX_DIGITS = 40
+
+
 class QuantityError(ValueError):
     pass
 
@@ -32,6 +37,11 @@ def parse_quantity(raw: str | int | float) -> Fraction:
             "(m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or an exponent), e.g. 500m or 64Mi"
         )
     number, suffix = match.groups()
+    if len(number) > MAX_DIGITS or (
+        suffix is not None and suffix[0] in "eE" and abs(int(suffix[1:])) > MAX_EXPONENT
+    ):
+        # 10**(10**7) alone would hold the interpreter for seconds: refuse before computing.
+        raise QuantityError(f"invalid quantity {str(raw)[:40]!r}: out of range")
     try:
         value = Fraction(Decimal(number))
     except InvalidOperation:  # the pattern admits only decimal numbers; kept for safety

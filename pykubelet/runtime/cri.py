@@ -484,7 +484,9 @@ class CriRuntime:
     # --- sandboxes ------------------------------------------------------------------------------
 
     def _log_dir(self, pod_namespace: str, pod_name: str, uid: str) -> Path:
-        return self.root_dir / "pods" / f"{pod_namespace}_{pod_name}_{uid}"
+        # The kubelet's /var/log/pods layout, under the root dir: not in <root>/pods, which
+        # holds the pods' volumes by UID.
+        return self.root_dir / "logs" / "pods" / f"{pod_namespace}_{pod_name}_{uid}"
 
     def _sandbox_config(self, pod: Pod, attempt: int) -> Any:
         meta = pod.metadata

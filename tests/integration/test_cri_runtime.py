@@ -208,7 +208,7 @@ def test_removing_the_manifest_removes_the_sandbox_and_the_logs(
     uid = pod["metadata"]["uid"]
     assert len(engine.sandboxes(**{LABEL_POD_UID: uid})) == 1
     assert len(engine.containers(**{LABEL_POD_UID: uid})) == 1
-    logs = tmp_path / "root" / "pods" / f"default_short-{NODE}_{uid}"
+    logs = tmp_path / "root" / "logs" / "pods" / f"default_short-{NODE}_{uid}"
     assert (logs / "main" / "0.log").exists()
     stays = _ids(engine.pod_containers("stays"))
 
@@ -242,7 +242,7 @@ def test_logs_come_from_the_runtime_log_files(
     expected = "one\ntwo\n" + "x" * 20000 + "\n"
     assert wait_for("talk log", lambda: agent.logs("talk", "main") == expected or None)
     # containerd splits a line longer than 16 KiB into partial (P) records: they are joined.
-    path = tmp_path / "root" / "pods" / f"default_talk-{NODE}_{pod['metadata']['uid']}"
+    path = tmp_path / "root" / "logs" / "pods" / f"default_talk-{NODE}_{pod['metadata']['uid']}"
     assert b" stdout P " in (path / "main" / "0.log").read_bytes()
     assert agent.logs("talk", "main", "?tailLines=1") == "x" * 20000 + "\n"
     assert agent.logs("talk", "main", "?limitBytes=6") == "one\ntw"

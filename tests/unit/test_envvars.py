@@ -109,3 +109,14 @@ def test_missing_objects_and_keys_are_errors_naming_them() -> None:
     for objects, message in cases:
         with pytest.raises(EnvError, match=message):
             container_env(pod, container, "h", "p", objects, node)
+
+
+def test_binary_data_is_not_in_the_environment() -> None:
+    pod = decode_pod(API_POD, "p.yaml")
+    objects = ApiObjects(
+        config_maps={"settings": {"color": "red", "blob": b"\x00\x01"}},
+        secrets={"db": {"user": b"u"}},
+    )
+    node = Allocatable(cpu=Fraction(1), memory=1, ephemeral_storage=0)
+    env = dict(container_env(pod, pod.spec.containers[0], "h", "p", objects, node))
+    assert env["COLOR"] == "red" and "blob" not in env

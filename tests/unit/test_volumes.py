@@ -87,6 +87,38 @@ async def test_sub_path_is_created_inside_and_may_not_escape(
     )
     with pytest.raises(VolumeError, match="outside the volume"):
         await manager.container_mounts(escaping, escaping.spec.containers[0], paths)
+    # Nor may it make the agent create anything out there on its way.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, Path(paths["data"], "link"))
+    deeper = pod(
+        [{"name": "data", "emptyDir": {}}],
+        [{"name": "data", "mountPath": "/x", "subPath": "link/new/deeper"}],
+    )
+    with pytest.raises(VolumeError, match="outside the volume"):
+        await manager.container_mounts(deeper, deeper.spec.containers[0], paths)
+    assert os.listdir(outside) == []
+
+
+async def test_sub_path_of_a_config_map_must_exist(manager: VolumeManager) -> None:
+    p = pod(
+        [{"name": "conf", "configMap": {"name": "app"}}],
+        [{"name": "conf", "mountPath": "/etc/mode", "subPath": "mode"}],
+    )
+    objects = ApiObjects(config_maps={"app": {"mode": "fast"}})
+    paths = await manager.setup(p, objects)
+    [mount] = await manager.container_mounts(p, p.spec.containers[0], paths)
+    assert Path(mount.host_path).read_text() == "fast" and mount.read_only
+    missing = pod(
+        [{"name": "conf", "configMap": {"name": "app"}}],
+        [{"name": "conf", "mountPath": "/etc/x", "subPath": "later"}],
+    )
+    with pytest.raises(VolumeError, match='subPath "later" does not exist in volume "conf"'):
+        await manager.container_mounts(missing, missing.spec.containers[0], paths)
+    # The key appears later: the volume still updates (nothing was created in its place).
+    objects.config_maps["app"] = {"mode": "fast", "later": "now"}
+    await manager.setup(p, objects)
+    assert Path(paths["conf"], "later").read_text() == "now"
 
 
 async def test_config_map_files_are_written_atomically_and_updated(
@@ -221,3 +253,11 @@ async def test_size_limit_usage(manager: VolumeManager) -> None:
     (path / "sub/big").write_bytes(os.urandom(300_000))
     [exceeded] = await manager.over_limit(p)
     assert exceeded.volume == "data" and exceeded.used > 300_000 and exceeded.limit == "100Ki"
+
+
+async def test_binary_data_of_a_config_map_is_written_as_is(manager: VolumeManager) -> None:
+    p = pod([{"name": "conf", "configMap": {"name": "app"}}], [])
+    blob = bytes(range(256))
+    paths = await manager.setup(p, ApiObjects(config_maps={"app": {"text": "é", "blob": blob}}))
+    assert Path(paths["conf"], "blob").read_bytes() == blob
+    assert Path(paths["conf"], "text").read_text() == "é"
