@@ -94,6 +94,7 @@ class Kubelet:
             node,
         )
         self._next_eviction_check = 0.0
+        self._volume_housekeeping: asyncio.Task[None] | None = None
         self.pleg = PLEG(self.runtime)
         self.pods: dict[str, Pod] = {}  # the desired pods (the kubelet's pod manager), by UID
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
@@ -183,9 +184,10 @@ class Kubelet:
             )
 
     async def _shutdown(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._volume_housekeeping] if self._volume_housekeeping else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         kill = not self.options.keep_pods_on_exit
         if kill:
             log.info("stopping %d pods", len(self.pods))
@@ -420,14 +422,25 @@ class Kubelet:
             )
             self.workers.update_pod(UpdateType.KILL, None, uid, removed=True)
         self.workers.forget_finished(set(self.pods))
-        # Volumes of pods that ended while no agent ran (or whose removal failed half-way).
-        for uid in await self.volumes.pod_uids():
-            if uid not in self.pods and not self.workers.is_known(uid):
-                log.info("removing the volumes of pod %s: no source has it", uid)
-                await self.volumes.teardown(uid)
-        if time.monotonic() >= self._next_eviction_check:
-            self._next_eviction_check = time.monotonic() + EVICTION_PERIOD
-            await self._evict_over_limit()
+        # Walking volumes can take long (a big emptyDir): in the background, one at a time, so
+        # that config updates, runtime events and probes are never held up by it.
+        if self._volume_housekeeping is None or self._volume_housekeeping.done():
+            self._volume_housekeeping = asyncio.create_task(
+                self._volume_housekeeping_pass(), name="volume-housekeeping"
+            )
+
+    async def _volume_housekeeping_pass(self) -> None:
+        try:
+            # Volumes of pods that ended while no agent ran (or whose removal failed half-way).
+            for uid in await self.volumes.pod_uids():
+                if uid not in self.pods and not self.workers.is_known(uid):
+                    log.info("removing the volumes of pod %s: no source has it", uid)
+                    await self.volumes.teardown(uid)
+            if time.monotonic() >= self._next_eviction_check:
+                self._next_eviction_check = time.monotonic() + EVICTION_PERIOD
+                await self._evict_over_limit()
+        except Exception:
+            log.exception("volume housekeeping failed; retrying at the next housekeeping")
 
     async def _evict_over_limit(self) -> None:
         """The kubelet's local-storage eviction: an emptyDir past its sizeLimit fails the pod."""

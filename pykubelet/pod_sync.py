@@ -166,6 +166,8 @@ class PodSync:
         self.node = node
         # ConfigMaps and Secrets: the API server's, once cluster mode is connected.
         self.objects: ObjectLookup = NoApiServer()
+        self._last_volumes: dict[str, tuple[ApiObjects, dict[str, str]]] = {}  # uid -> last good
+        self._volume_failures: dict[str, int] = {}  # uid -> failed set-ups in a row
         self.statuses = statuses
         self.recorder = recorder
         self.host_ip = host_ip
@@ -237,7 +239,12 @@ class PodSync:
 
     async def _setup_volumes(self, pod: Pod, state: _Pass) -> bool:
         """Read the pod's ConfigMaps and Secrets and prepare its volumes. False: containers
-        cannot start yet (the kubelet's FailedMount; they wait in ContainerCreating)."""
+        cannot start yet (the kubelet's FailedMount; they wait in ContainerCreating).
+
+        Once a pod's volumes were set up, a later failure (its ConfigMap deleted, the API
+        server away) keeps what was mounted: the running pod carries on, as with the kubelet.
+        """
+        uid = pod.uid
         try:
             state.objects = await fetch_objects(pod, self.objects)
             state.volume_paths = await self.volumes.setup(pod, state.objects)
@@ -246,10 +253,18 @@ class PodSync:
             if not isinstance(e, VolumeError):
                 message = f"cannot read the pod's ConfigMaps and Secrets: {message}"
             self.recorder.record("Warning", "FailedMount", message, _pod_ref(pod))
-            state.requeue.append(VOLUME_RETRY_SECONDS)
+            failures = self._volume_failures.get(uid, 0) + 1
+            self._volume_failures[uid] = failures
+            state.requeue.append(min(VOLUME_RETRY_SECONDS * 2 ** (failures - 1), 60.0))
+            last = self._last_volumes.get(uid)
+            if last is not None:
+                state.objects, state.volume_paths = last
+                return True
             for spec in pod.all_containers():
                 state.waiting[spec.name] = Waiting("ContainerCreating", message)
             return False
+        self._volume_failures.pop(uid, None)
+        self._last_volumes[uid] = (state.objects, state.volume_paths)
         return True
 
     async def _stop_unknown(self, pod: Pod, instances: dict[str, list[RuntimeContainer]]) -> None:
@@ -531,6 +546,8 @@ class PodSync:
             self.prober.remove_pod(uid)
             await self.runtime.remove_pod(uid)
             await self.volumes.teardown(uid)
+            self._last_volumes.pop(uid, None)
+            self._volume_failures.pop(uid, None)
             self.statuses.forget(uid)
             self._first_seen.pop(uid, None)
             keys = self._keys_of_pod.pop(uid, set())

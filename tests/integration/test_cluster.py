@@ -520,3 +520,16 @@ def test_config_map_and_secret_volumes_follow_their_objects(
         timeout=20,
     )
     assert "writable" not in agent.get(logs)[1].decode()  # always mounted read-only
+    # The ConfigMap goes: the running pod keeps what it has (reported, not stopped).
+    status, body = client.request("DELETE", f"{configmaps}/web")
+    assert status == 200, body
+    wait_for(
+        "a FailedMount event",
+        lambda: [
+            e for e in client.events()
+            if e["reason"] == "FailedMount" and e["involvedObject"].get("name") == "web"
+        ],
+        timeout=20,
+    )  # fmt: skip
+    pod = running_in_api(client, "web")
+    assert pod is not None and container(pod)["restartCount"] == 0
