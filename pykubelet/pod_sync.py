@@ -92,6 +92,11 @@ def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
 
 # How soon a pod whose volumes could not be set up is tried again.
 VOLUME_RETRY_SECONDS = 2.0
+# A kill that interrupted a sync looks this long for a container the sync was starting (the
+# docker and CRI runtimes learn of a new container from the engine's events or a relist).
+STRAGGLER_SECONDS = 3.0
+STRAGGLER_POLL_SECONDS = 0.25
+MAX_STOP_PASSES = 20
 
 
 class _Pass:
@@ -168,6 +173,7 @@ class PodSync:
         self.objects: ObjectLookup = NoApiServer()
         self._last_volumes: dict[str, tuple[ApiObjects, dict[str, str]]] = {}  # uid -> last good
         self._volume_failures: dict[str, int] = {}  # uid -> failed set-ups in a row
+        self._interrupted: set[str] = set()  # uids whose sync a kill cancelled
         self.statuses = statuses
         self.recorder = recorder
         self.host_ip = host_ip
@@ -187,6 +193,15 @@ class PodSync:
     # --- SyncPod ------------------------------------------------------------------------------
 
     async def sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
+        try:
+            return await self._sync_pod(update, pod)
+        except asyncio.CancelledError:
+            # A kill cancelled this sync (pod workers): a container it was creating may reach
+            # the runtime's view only after the termination looked. Termination looks longer.
+            self._interrupted.add(pod.uid)
+            raise
+
+    async def _sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
         uid = pod.uid
         previous = self.statuses.get(uid)
         if previous is not None and previous.phase in TERMINAL_PHASES:
@@ -507,37 +522,43 @@ class PodSync:
     # --- termination --------------------------------------------------------------------------
 
     async def sync_terminating_pod(self, uid: str, pod: Pod | None, grace: float | None) -> None:
-        runtime_pod = await self.runtime.get_pod(uid)
-        if runtime_pod is None:
-            # Nothing ran (or it is gone already): stopped all the same, e.g. for the API
-            # server's final delete.
-            for listener in self.terminated_listeners:
-                await listener(uid, pod)
-            return
-        self.prober.remove_pod(uid)
+        interrupted = uid in self._interrupted
+        self._interrupted.discard(uid)
+        # After an interrupted sync, watch a little for a container that was being started.
+        deadline = time.monotonic() + (STRAGGLER_SECONDS if interrupted else 0.0)
         seconds = grace_seconds(pod, grace)
         specs = {c.name: c for c in pod.all_containers()} if pod is not None else {}
-        running = [
-            c
-            for c in runtime_pod.containers
-            if c.state in (ContainerRunState.RUNNING, ContainerRunState.CREATED)
-        ]
-        for c in running:
-            if pod is not None:
-                self.recorder.record(
-                    "Normal", "Killing", f"Stopping container {c.name}", _pod_ref(pod, c.name)
-                )
-        results = await asyncio.gather(
-            *(self._stop(pod, specs.get(c.name), c, seconds) for c in running),
-            return_exceptions=True,
-        )
-        # Every stop runs to its end before a failure is raised: the retry must not stop (and
-        # run preStop for) containers that are still stopping.
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        if pod is not None:
-            self._refresh_status(pod, await self.runtime.get_pod(uid))
+        self.prober.remove_pod(uid)
+        runtime_pod = await self.runtime.get_pod(uid)
+        for _ in range(MAX_STOP_PASSES):
+            running = [
+                c
+                for c in (runtime_pod.containers if runtime_pod is not None else [])
+                if c.state in (ContainerRunState.RUNNING, ContainerRunState.CREATED)
+            ]
+            if not running:
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(STRAGGLER_POLL_SECONDS)
+                runtime_pod = await self.runtime.get_pod(uid)
+                continue
+            for c in running:
+                if pod is not None:
+                    self.recorder.record(
+                        "Normal", "Killing", f"Stopping container {c.name}", _pod_ref(pod, c.name)
+                    )
+            results = await asyncio.gather(
+                *(self._stop(pod, specs.get(c.name), c, seconds) for c in running),
+                return_exceptions=True,
+            )
+            # Every stop runs to its end before a failure is raised: the retry must not stop
+            # (and run preStop for) containers that are still stopping.
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            runtime_pod = await self.runtime.get_pod(uid)
+        if pod is not None and runtime_pod is not None:
+            self._refresh_status(pod, runtime_pod)
         for listener in self.terminated_listeners:
             await listener(uid, pod)
 
