@@ -19,7 +19,11 @@ from pykubelet.runtime.base import ExecResult
 
 
 async def run_command(
-    argv: list[str], cwd: str, env: Mapping[str, str], timeout_seconds: float
+    argv: list[str],
+    cwd: str,
+    env: Mapping[str, str],
+    timeout_seconds: float,
+    pass_fds: tuple[int, ...] = (),
 ) -> ExecResult:
     """Raises OSError if the command cannot be started (not found, not executable)."""
     loop = asyncio.get_running_loop()
@@ -35,6 +39,7 @@ async def run_command(
             env=dict(env),
             start_new_session=True,
             close_fds=True,
+            pass_fds=pass_fds,
         )
     except BaseException:
         os.close(read_fd)

@@ -3,12 +3,15 @@
 Run as `python -I -S launcher.py CONFIG_FD ERROR_FD` only for containers that need it (cgroups,
 mounts, another user): plain containers are exec'd directly, since this costs a Python start.
 `-S` keeps site-packages out, so this file imports nothing but the standard library and never the
-pykubelet package.
+pykubelet package. It runs as root with a fixed environment (PATH only): the container's own
+variables (LD_PRELOAD...) would reach the dynamic linker of a root process; they are in the
+instructions and only the exec'd command gets them.
 
 CONFIG_FD holds the instructions as JSON (a memfd, read once):
     {"cgroups": [".../cgroup.procs", ...], "mounts": [{"source", "target", "read_only"}],
-     "read_only_root": bool, "uid": int|null, "gid": int|null, "groups": [int]|null,
-     "cwd": str, "argv": [str, ...], "env": {str: str}, "home_of_user": bool}
+     "read_only_root": bool, "pods_dir": str|null, "uid": int|null, "gid": int|null,
+     "groups": [int]|null, "cwd": str, "argv": [str, ...], "env": {str: str},
+     "home_of_user": bool}
 ("home_of_user": HOME becomes the user's home from /etc/passwd, or /, as runc sets it.)
 In that order, the launcher joins the cgroups (before anything is forked, so nothing escapes
 them), enters a private mount namespace with the binds, drops to the user and execs. Any failure
@@ -16,29 +19,51 @@ before the exec is written to ERROR_FD as one JSON object {"stage", "errno", "me
 launcher exits 127. ERROR_FD is close-on-exec: the agent reads EOF with nothing on it once the
 exec succeeded, exactly as Popen learns of an exec error.
 
-`launcher.py --exec JSON` runs an exec probe or hook in a running container's context instead:
-the same JSON, with "mount_ns_pid" (the container's pid, whose mount namespace it enters) in
-place of mounts and without "env" (the launcher's own environment is the command's); a failure
-is written to stderr (the command's output) and exits 127.
+`launcher.py --exec CONFIG_FD` runs an exec probe or hook in a running container's context
+instead: the same JSON, with "mount_ns_pid" and "mount_ns_start_time" (the container's process,
+whose mount namespace it enters) in place of mounts; a failure is written to stderr (the
+command's output) and exits 127.
 
 A missing mount point is created on the host (the mount namespace shares the host's files): an
-empty directory, or an empty file when the source is a file, which stays there afterwards.
+empty directory, or an empty file when the source is a file, which stays there afterwards. The
+path to it is walked one component at a time without following a symlink that is not root's: a
+container's user could otherwise plant one (in /tmp, in an emptyDir) to have a volume bound over
+/etc, say, in its namespace.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno as errnos
 import json
 import os
+import stat
 import sys
 from typing import Any
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
 MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21
+MNT_DETACH = 2
+PR_SET_NO_NEW_PRIVS = 38
+# mount_setattr(2), Linux >= 5.12: one call for a whole tree of mounts.
+SYS_MOUNT_SETATTR = 442
+MOUNT_ATTR_RDONLY = 1
+MOUNT_ATTR_NOSUID = 2
+MOUNT_ATTR_NODEV = 4
+AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+MAX_SYMLINKS = 40
 
 EXIT_FAILED = 127
 
@@ -66,7 +91,84 @@ def _mount(libc: Any, source: str | None, target: str, flags: int, what: str) ->
     _check(libc.mount(src, os.fsencode(target), None, ctypes.c_ulong(flags), None), "mount", what)
 
 
-def join_mount_namespace(pid: int) -> None:
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+def _set_attrs(libc: Any, dir_fd: int, path: str, flags: int, attrs: int, clear: int = 0) -> bool:
+    """mount_setattr(2): sets `attrs` and clears `clear` on every mount of the tree at `path`;
+    False if the kernel is too old for it (the caller then remounts one mount at a time)."""
+    attr = _MountAttr(attrs, clear, 0, 0)
+    result = libc.syscall(
+        ctypes.c_long(SYS_MOUNT_SETATTR),
+        ctypes.c_int(dir_fd),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.c_uint(flags | AT_RECURSIVE),
+        ctypes.byref(attr),
+        ctypes.c_size_t(ctypes.sizeof(attr)),
+    )
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errnos.ENOSYS:
+        return False
+    raise LaunchError("mount", f"cannot restrict the mounts at {path}: {os.strerror(err)}", err)
+
+
+def _kept_flags(path: str) -> int:
+    """The flags of the mount at `path` that a bind remount would otherwise clear."""
+    f = os.statvfs(path).f_flag
+    out = 0
+    for st, ms in (
+        (os.ST_NOSUID, MS_NOSUID),
+        (os.ST_NODEV, MS_NODEV),
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
+        (os.ST_RDONLY, MS_RDONLY),
+    ):
+        if f & st:
+            out |= ms
+    return out
+
+
+def _read_only_mount(path: str) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
+def _remount(libc: Any, path: str, flags: int, what: str, clear: int = 0) -> None:
+    kept = _kept_flags(path) & ~clear
+    _mount(libc, None, path, MS_BIND | MS_REMOUNT | flags | kept, what)
+
+
+def _unescape(field: str) -> str:
+    """A path of /proc/self/mountinfo, where space, tab, newline and backslash are octal."""
+    if "\\" not in field:
+        return field
+    raw = os.fsencode(field)
+    out, i = bytearray(), 0
+    while i < len(raw):
+        if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
+            out.append(int(raw[i + 1 : i + 4], 8))
+            i += 4
+        else:
+            out.append(raw[i])
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        return [_unescape(line.split(" ")[4]) for line in f if line.strip()]
+
+
+def join_mount_namespace(pid: int, start_time: int | None) -> None:
     try:
         fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
@@ -74,9 +176,22 @@ def join_mount_namespace(pid: int) -> None:
             "mount", f"cannot open the mount namespace of process {pid}: {e.strerror}", e.errno
         ) from e
     try:
+        # Opened first, checked second: the namespace is the container's, not that of a process
+        # that got its pid after it exited.
+        if start_time is not None and _start_time(pid) != start_time:
+            raise LaunchError("mount", f"process {pid} is no longer the container's")
         _check(_libc().setns(fd, CLONE_NEWNS), "mount", f"cannot enter the mounts of {pid}")
     finally:
         os.close(fd)
+
+
+def _start_time(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2 :].split()[19])
 
 
 def join_cgroups(procs_files: list[str]) -> None:
@@ -89,45 +204,179 @@ def join_cgroups(procs_files: list[str]) -> None:
             raise LaunchError("cgroup", f"cannot join cgroup {path}: {e.strerror}", e.errno) from e
 
 
-def _make_mount_point(source: str, target: str) -> None:
-    if os.path.lexists(target):
-        return
+class _MountPoint:
+    """A mount target, resolved and held open: `fd` (O_PATH) is what gets mounted on, whatever
+    happens to the path meanwhile; `path` is where it really is."""
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+
+
+def _open_mount_point(source: str, target: str) -> _MountPoint:
+    """Walks `target` from /, creating what is missing, following only symlinks owned by root
+    (the host's own, such as /var/run -> /run)."""
+    target = os.path.normpath(target)
+    pending = [p for p in target.split("/") if p]
+    if not pending:
+        raise LaunchError("mount", f"cannot mount {source} at /")
+    is_dir = os.path.isdir(source)
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    where: list[str] = []
+    hops = 0
     try:
-        if os.path.isdir(source):
-            os.makedirs(target, exist_ok=True)
-        else:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        while pending:
+            name = pending.pop(0)
+            if name == "..":
+                parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                os.close(fd)
+                fd = parent
+                if where:
+                    where.pop()
+                continue
+            last = not pending
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if last and not is_dir:
+                    os.close(
+                        os.open(
+                            name,
+                            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                            0o644,
+                            dir_fd=fd,
+                        )
+                    )
+                else:
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                if st.st_uid != 0:
+                    raise LaunchError(
+                        "mount",
+                        f"cannot mount {source} at {target}: "
+                        f"{'/'.join(['', *where, name])} is a symlink not owned by root",
+                    )
+                hops += 1
+                if hops > MAX_SYMLINKS:
+                    raise LaunchError("mount", f"cannot mount {source} at {target}: too many links")
+                link = os.readlink(name, dir_fd=fd)
+                pending[:0] = [p for p in link.split("/") if p and p != "."]
+                if link.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                    where = []
+                continue
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+            if not last:
+                flags |= os.O_DIRECTORY
+            child = os.open(name, flags, dir_fd=fd)
+            os.close(fd)
+            fd = child
+            where.append(name)
+    except LaunchError:
+        os.close(fd)
+        raise
     except OSError as e:
+        os.close(fd)
         raise LaunchError(
             "mount", f"cannot create the mount point {target}: {e.strerror}", e.errno
         ) from e
+    return _MountPoint(fd, "/" + "/".join(where))
 
 
-def set_up_mounts(mounts: list[dict[str, Any]], read_only_root: bool) -> None:
+def _make_tree_read_only(libc: Any) -> None:
+    if _set_attrs(libc, AT_FDCWD, "/", 0, MOUNT_ATTR_RDONLY):
+        return
+    for path in sorted(set(_mount_points()), key=len):
+        try:
+            _remount(libc, path, MS_RDONLY, f"cannot make {path} read-only")
+        except (LaunchError, OSError):
+            if path == "/":
+                raise  # a mount hidden under another one cannot be reached, nor written
+
+
+def _bind(libc: Any, source: str, point: _MountPoint, read_only: bool) -> None:
+    """`read_only`: asked for, or the source was on the host (before / turned read-only, which
+    the bind inherits otherwise)."""
+    what = f"cannot bind {source} at {point.path}"
+    _mount(libc, source, f"/proc/self/fd/{point.fd}", MS_BIND | MS_REC, what)
+    # The new mount sits on top of the mount point, out of reach of the held fd: reopened by its
+    # path, it must be the source's root, or something replaced the path meanwhile.
+    try:
+        fd = os.open(point.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise LaunchError("mount", f"{what}: {e.strerror}", e.errno) from e
+    try:
+        got, want = os.fstat(fd), os.stat(source)
+        if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
+            raise LaunchError("mount", f"{what}: {point.path} changed while it was mounted")
+        # A bind ignores flags; set-user-ID programs and device files from a volume would give
+        # the container's user what its runAsUser denies.
+        attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if read_only else 0)
+        clear = 0 if read_only else MOUNT_ATTR_RDONLY
+        if not _set_attrs(libc, fd, "", AT_EMPTY_PATH, attrs, clear):
+            flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if read_only else 0)
+            what = f"cannot restrict {point.path}"
+            _remount(libc, f"/proc/self/fd/{fd}", flags, what, 0 if read_only else MS_RDONLY)
+    finally:
+        os.close(fd)
+
+
+def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
+    """Every mount under the agent's pods directory (other pods' tmpfs volumes, copied by
+    unshare) goes from this namespace: a copy would keep their memory after the agent unmounts
+    them. The container's own binds are mounts at their targets and stay."""
+    pods_dir = os.path.normpath(pods_dir)
+    roots = [pods_dir]
+    for source, point in mounts:
+        # A bind of a directory above the pods directory (MS_REC) copied them there too.
+        rel = os.path.relpath(pods_dir, os.path.normpath(source))
+        if not rel.startswith(".."):
+            roots.append(os.path.normpath(os.path.join(point.path, rel)))
+    own = {point.path for _, point in mounts}
+    doomed = [
+        p
+        for p in _mount_points()
+        if p not in own and any(p.startswith(root + "/") for root in roots)
+    ]
+    libc = _libc()
+    for path in sorted(doomed, key=lambda p: p.count("/"), reverse=True):
+        if libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
+            err = ctypes.get_errno()
+            # Already gone with a mount above it.
+            if err not in (errnos.EINVAL, errnos.ENOENT):
+                raise LaunchError("mount", f"cannot detach {path}: {os.strerror(err)}", err)
+
+
+def set_up_mounts(mounts: list[dict[str, Any]], read_only_root: bool, pods_dir: str | None) -> None:
     libc = _libc()
     _check(libc.unshare(CLONE_NEWNS), "mount", "cannot create a mount namespace (unshare)")
     # Private, so that nothing mounted here shows on the host, nor the other way round.
     _mount(libc, None, "/", MS_REC | MS_PRIVATE, "cannot make / private")
-    for m in mounts:
-        source, target = str(m["source"]), str(m["target"])
-        if not os.path.exists(source):
-            raise LaunchError("mount", f"cannot mount {source} at {target}: {source} is missing")
-        _make_mount_point(source, target)
-        _mount(libc, source, target, MS_BIND | MS_REC, f"cannot bind {source} at {target}")
-        if m.get("read_only"):
-            # A bind takes the source's flags: read-only needs a remount of the new mount.
-            _mount(
-                libc,
-                None,
-                target,
-                MS_BIND | MS_REMOUNT | MS_RDONLY,
-                f"cannot make {target} read-only",
-            )
-    if read_only_root:
-        # Only this namespace's copy of the root mount; the binds above stay as they are, and
-        # files opened before (the log) remain writable.
-        _mount(libc, None, "/", MS_BIND | MS_REMOUNT | MS_RDONLY, "cannot make / read-only")
+    points: list[tuple[str, _MountPoint]] = []
+    read_only: list[bool] = []
+    try:
+        # All mount points first: they are made on the host's files, before / is read-only.
+        for m in mounts:
+            source, target = str(m["source"]), str(m["target"])
+            if not os.path.exists(source):
+                raise LaunchError(
+                    "mount", f"cannot mount {source} at {target}: {source} is missing"
+                )
+            points.append((source, _open_mount_point(source, target)))
+            read_only.append(bool(m.get("read_only")) or _read_only_mount(source))
+        if read_only_root:
+            # The whole tree (/tmp, /dev/shm...), then the binds, which are the container's own
+            # to write; files opened before (the log) remain writable.
+            _make_tree_read_only(libc)
+        for (source, point), ro in zip(points, read_only, strict=True):
+            _bind(libc, source, point, ro)
+        if pods_dir:
+            _detach_pods(pods_dir, points)
+    finally:
+        for _, point in points:
+            os.close(point.fd)
 
 
 def _chdir(cwd: str) -> OSError | None:
@@ -178,15 +427,29 @@ def switch_user(
         raise LaunchError(
             "user", f"cannot switch to uid {uid} gid {gid} groups {groups}: {e.strerror}", e.errno
         ) from e
+    if os.getuid() != 0:
+        # No set-user-ID program (su, sudo, one on a volume) gives root back to the user.
+        _check(
+            _libc().prctl(PR_SET_NO_NEW_PRIVS, *(ctypes.c_ulong(v) for v in (1, 0, 0, 0))),
+            "user",
+            "cannot set no_new_privs",
+        )
     return early if early is None else _chdir(cwd)
 
 
 def launch(config: dict[str, Any], error_fd: int | None) -> None:
     join_cgroups(list(config.get("cgroups") or []))
     if config.get("mount_ns_pid"):
-        join_mount_namespace(int(config["mount_ns_pid"]))
+        start_time = config.get("mount_ns_start_time")
+        join_mount_namespace(
+            int(config["mount_ns_pid"]), None if start_time is None else int(start_time)
+        )
     elif config.get("mounts") or config.get("read_only_root"):
-        set_up_mounts(list(config.get("mounts") or []), bool(config.get("read_only_root")))
+        set_up_mounts(
+            list(config.get("mounts") or []),
+            bool(config.get("read_only_root")),
+            config.get("pods_dir"),
+        )
     cwd = str(config["cwd"])
     err = switch_user(config.get("uid"), config.get("gid"), config.get("groups"), cwd)
     if err is not None:
@@ -211,12 +474,8 @@ def main() -> None:
     error_fd = 2 if exec_mode else int(sys.argv[2])
     report: dict[str, Any]
     try:
-        if exec_mode:
-            config = json.loads(sys.argv[2])
-            config.setdefault("env", dict(os.environ))  # passed as the environment, not argv
-        else:
-            with os.fdopen(int(sys.argv[1]), "rb") as f:
-                config = json.loads(f.read())
+        with os.fdopen(int(sys.argv[2] if exec_mode else sys.argv[1]), "rb") as f:
+            config = json.loads(f.read())
         launch(config, None if exec_mode else error_fd)
         report = {"stage": "launcher", "errno": None, "message": "exec returned"}
     except LaunchError as e:

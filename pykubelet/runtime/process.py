@@ -77,6 +77,10 @@ KILL_TIMEOUT = 10.0
 _LOG_BLOCK = 64 * 1024
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
+# The launcher's own environment. It runs as root: a pod's LD_PRELOAD, LD_LIBRARY_PATH or
+# GCONV_PATH would load the pod's code into it before it drops to the pod's user. The container's
+# variables travel in its instructions, for the command it execs.
+LAUNCHER_ENV = {"PATH": BASE_PATH}
 LAUNCH_TIMEOUT = 60.0
 # Capability bits (linux/capability.h) the launcher needs for users and mounts.
 CAP_SETGID = 6
@@ -177,6 +181,12 @@ class _Fields:
         value = self._get(key, int, True)
         return None if value is None else int(value)
 
+    def opt_flag(self, key: str) -> bool | None:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise StateFileError(self.path, f"field {key!r} is not a bool: {value!r}")
+        return value
+
     def opt_time(self, key: str) -> datetime | None:
         value = self.opt_text(key)
         if value is None:
@@ -260,6 +270,8 @@ class _Container:
     exit_code: int | None = None
     reason: str | None = None
     message: str | None = None
+    # Started through the launcher (mounts, user, cgroups); None in files older than the field.
+    launched: bool | None = None
     # Not persisted.
     pidfd: int | None = None  # set while the exit is being watched
     # Set once the exit is recorded, in memory and (if the disk allows) in the state file.
@@ -316,6 +328,7 @@ class _Container:
             "exit_code": self.exit_code,
             "reason": self.reason,
             "message": self.message,
+            "launched": self.launched,
         }
 
     @classmethod
@@ -339,6 +352,7 @@ class _Container:
             exit_code=f.opt_number("exit_code"),
             reason=f.opt_text("reason"),
             message=f.opt_text("message"),
+            launched=f.opt_flag("launched"),
         )
         if rec.pid <= 1:
             raise StateFileError(path, f"field 'pid' is not a pid we could have started: {rec.pid}")
@@ -384,6 +398,9 @@ class ProcessRuntime:
     ) -> None:
         self._cgroups = Cgroups(pod_pids_limit)
         self._dir = root_dir / "runtime" / "process"
+        # Where the volumes of pods are mounted (pykubelet.volumes): no container's namespace
+        # keeps a copy of those mounts.
+        self._volumes_dir = root_dir / "pods"
         self._node_ip = node_ip
         self._pods: dict[str, _Pod] = {}
         self._pod_locks: dict[str, asyncio.Lock] = {}
@@ -499,7 +516,8 @@ class ProcessRuntime:
         """As the container's main process sees the machine: its working directory, its
         environment, and, if it has them, its mount namespace (its volumes) and its user."""
         rec = self._find(container)
-        if rec is None or not rec.running:
+        # A finishing container has exited: its zombie has no mount namespace left to enter.
+        if rec is None or not rec.running or rec.finishing:
             raise RuntimeFailure(f"container {container.name} is not running")
         try:
             cwd = os.readlink(f"/proc/{rec.pid}/cwd")
@@ -507,24 +525,44 @@ class ProcessRuntime:
             cwd = str(self._pod_dir(rec.pod_uid))
         full_env = _container_env(rec.pod_name, env)
         enter = await asyncio.to_thread(_exec_context, rec.pid)
-        argv = command
-        if enter is not None or rec.cgroup:
-            # As in a container: its mounts, user and cgroups (read from the live process, so
-            # this holds for adopted containers too).
-            enter = enter or {}
-            enter["cgroups"] = await asyncio.to_thread(
-                self._cgroups.procs_files, rec.pod_uid, rec.id
-            )
-            home_of_user = not any(name == "HOME" for name, _ in env)
-            # The environment is the launcher's own (run_command sets it): never in its argv,
-            # which any user of the host may read in /proc.
-            enter.update(cwd=cwd, argv=command, home_of_user=home_of_user)
-            argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", json.dumps(enter)]
-            cwd = "/"
+        if not rec.running or rec.finishing:
+            raise RuntimeFailure(f"container {container.name} is not running")
+        if enter is None:
+            # Run without its context, the command would be the agent's: root, in the host's
+            # mounts. Only a container started as the agent's own processes are may do without.
+            if rec.launched is not False or rec.cgroup:
+                raise RuntimeFailure(
+                    f"container {container.name} is not running: cannot read the mounts and "
+                    f"user of its process {rec.pid}"
+                )
+            enter = {}
+        if not (enter or rec.cgroup):
+            try:
+                return await run_command(command, cwd, full_env, timeout_seconds)
+            except (OSError, ValueError) as e:
+                raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
+        # As in a container: its mounts, user and cgroups (read from the live process, so this
+        # holds for adopted containers too).
+        if "mount_ns_pid" in enter:
+            enter["mount_ns_start_time"] = rec.proc_start_time
+        enter["cgroups"] = await asyncio.to_thread(self._cgroups.procs_files, rec.pod_uid, rec.id)
+        home_of_user = not any(name == "HOME" for name, _ in env)
+        enter.update(cwd=cwd, argv=command, env=full_env, home_of_user=home_of_user)
         try:
-            return await run_command(argv, cwd, full_env, timeout_seconds)
+            config_fd = _memfd("pykubelet-exec", enter)
+        except OSError as e:
+            raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
+        # The instructions in a memfd, not in argv: any user of the host may read an argv in
+        # /proc, and the environment in them may hold secrets.
+        argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", str(config_fd)]
+        try:
+            return await run_command(
+                argv, "/", LAUNCHER_ENV, timeout_seconds, pass_fds=(config_fd,)
+            )
         except (OSError, ValueError) as e:
             raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
+        finally:
+            os.close(config_fd)
 
     # --- sandboxes ------------------------------------------------------------------------------
 
@@ -627,6 +665,8 @@ class ProcessRuntime:
         env[ID_VARIABLE] = container_id
         settings = self._cgroup_settings(config)
         launch = _launch_config(config, argv, cwd, env, settings is not None)
+        if launch is not None:
+            launch["pods_dir"] = str(self._volumes_dir)
         procs: list[str] = []
         if settings is not None:
             try:
@@ -643,7 +683,7 @@ class ProcessRuntime:
                 pid, pidfd, start_time = _spawn(argv, cwd, env, log_path)
             else:
                 launch["cgroups"] = procs
-                pid, pidfd, start_time = await _spawn_launched(launch, env, log_path)
+                pid, pidfd, start_time = await _spawn_launched(launch, log_path)
         except BaseException:
             if procs:
                 await self._remove_cgroups(pod.uid, container_id)
@@ -664,6 +704,7 @@ class ProcessRuntime:
             started_at=_now(),
             pidfd=pidfd,
             cgroup=bool(procs),
+            launched=launch is not None,
         )
         state.containers[rec.id] = rec
         self._watch(rec)
@@ -1055,7 +1096,8 @@ def _exec_error(program: str, cwd: str, e: OSError) -> StartError:
 
 def _exec_context(pid: int) -> dict[str, Any] | None:
     """How to run a command as in the container of `pid`: its mount namespace if not ours, its
-    uid, gid and groups if not root's; None if it runs as the agent's processes do."""
+    uid, gid and groups if not the agent's; empty if it runs as the agent's processes do, None
+    if it cannot be read."""
     out: dict[str, Any] = {}
     try:
         if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
@@ -1066,10 +1108,10 @@ def _exec_context(pid: int) -> dict[str, Any] | None:
         uid, gid = int(fields["Uid"].split()[1]), int(fields["Gid"].split()[1])
         groups = [int(g) for g in fields["Groups"].split()]
     except (OSError, KeyError, ValueError, IndexError):
-        return None  # gone meanwhile: the command runs as on the host, and the probe fails
+        return None  # gone meanwhile, or a zombie (no namespaces left): the caller decides
     if (uid, gid, sorted(groups)) != (os.geteuid(), os.getegid(), sorted(os.getgroups())):
         out.update(uid=uid, gid=gid, groups=groups)
-    return out or None
+    return out
 
 
 def _capabilities() -> int:
@@ -1141,24 +1183,37 @@ def _check_mount(m: Mount) -> None:
             )
 
 
-def _start_launcher(
-    launch: dict[str, Any], env: dict[str, str], log_path: Path
-) -> tuple[int, int, int, int]:
+def _memfd(name: str, data: dict[str, Any]) -> int:
+    """A close-on-exec memfd holding `data` as JSON, at offset 0."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        raw = json.dumps(data).encode()
+        while raw:
+            raw = raw[os.write(fd, raw) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _start_launcher(launch: dict[str, Any], log_path: Path) -> tuple[int, int, int, int]:
     """fork+exec the launcher: (pid, pidfd, /proc start time, read end of its error pipe).
 
     The instructions go through a memfd (no size limit, nothing on disk, no shell); the error
     pipe's write end is close-on-exec in the launcher, so EOF without data means it exec'd."""
-    config_fd = os.memfd_create("pykubelet-launch", os.MFD_CLOEXEC)
+    try:
+        config_fd = _memfd("pykubelet-launch", launch)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot pass the launcher its instructions: {e}") from e
     err_r, err_w = os.pipe()
     try:
-        data = json.dumps(launch).encode()
-        while data:
-            data = data[os.write(config_fd, data) :]
-        os.lseek(config_fd, 0, os.SEEK_SET)
         argv = [sys.executable, "-I", "-S", str(LAUNCHER), str(config_fd), str(err_w)]
         # "/" as the launcher's cwd: it enters the container's own after the mounts, and reports
         # a missing one as the container's error.
-        pid, pidfd, start_time = _spawn(argv, "/", env, log_path, pass_fds=(config_fd, err_w))
+        pid, pidfd, start_time = _spawn(
+            argv, "/", dict(LAUNCHER_ENV), log_path, pass_fds=(config_fd, err_w)
+        )
     except BaseException:
         os.close(err_r)
         raise
@@ -1168,10 +1223,8 @@ def _start_launcher(
     return pid, pidfd, start_time, err_r
 
 
-async def _spawn_launched(
-    launch: dict[str, Any], env: dict[str, str], log_path: Path
-) -> tuple[int, int, int]:
-    pid, pidfd, start_time, err_r = _start_launcher(launch, env, log_path)
+async def _spawn_launched(launch: dict[str, Any], log_path: Path) -> tuple[int, int, int]:
+    pid, pidfd, start_time, err_r = _start_launcher(launch, log_path)
     try:
         async with asyncio.timeout(LAUNCH_TIMEOUT):
             report = await _read_until_eof(err_r)
