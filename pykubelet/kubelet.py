@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, TypeVar
 
 from pykubelet import metrics
+from pykubelet.admission import RESOURCES, pod_requests
 from pykubelet.api.model import Pod, PodStatus
 from pykubelet.config.file import FileSource
 from pykubelet.config.pod_config import PodConfig
@@ -83,6 +84,12 @@ class Kubelet:
             ephemeral_storage=facts.storage_bytes,
         )
         self.volumes = VolumeManager(options.root_dir, node, options.allowed_host_paths)
+        # What admission counts requests against (the kubelet's allocatable: nothing reserved).
+        self._allocatable = {
+            "cpu": facts.cpus * 1000,
+            "memory": facts.memory_kib * 1024,
+            "ephemeral-storage": facts.storage_bytes,
+        }
         self.syncer = PodSync(
             self.runtime,
             self.statuses,
@@ -100,6 +107,8 @@ class Kubelet:
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> uid
         self._rejected: set[str] = set()  # pods admission turned away (phase Failed)
         self._capacity_used = 0  # during one batch of additions
+        self._resources_used = dict.fromkeys(RESOURCES, 0)  # likewise: cpu (m), bytes
+        self._requests: dict[str, dict[str, int]] = {}  # uid -> what it asks of the node
         self._workers: PodWorkers | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.server: ReadOnlyServer | None = None
@@ -287,9 +296,12 @@ class Kubelet:
     def _handle_additions(self, pods: list[Pod]) -> None:
         # Counted once per batch, then kept up to date: 1,000 additions stay linear.
         new = {pod.uid for pod in pods}
-        self._capacity_used = sum(
-            1 for uid in self.pods if uid not in new and self._uses_capacity(uid)
-        )
+        admitted = [uid for uid in self.pods if uid not in new and self._uses_capacity(uid)]
+        self._capacity_used = len(admitted)
+        self._resources_used = dict.fromkeys(RESOURCES, 0)
+        for uid in admitted:
+            for name, value in self._requests_of(uid).items():
+                self._resources_used[name] += value
         for pod in sorted(pods, key=_creation_key):
             self._remember(pod)
             if pod.metadata.deletion_timestamp is not None:
@@ -320,14 +332,37 @@ class Kubelet:
             return False
         used = self._capacity_used
         capacity = self.options.max_pods
-        if used < capacity:
-            self._capacity_used += 1
-            return True
-        message = (
-            "Pod was rejected: Node didn't have enough resource: pods, "
-            f"requested: 1, used: {used}, capacity: {capacity}"
-        )
-        self._reject(pod, "OutOfpods", message)
+        if used >= capacity:
+            message = (
+                "Pod was rejected: Node didn't have enough resource: pods, "
+                f"requested: 1, used: {used}, capacity: {capacity}"
+            )
+            self._reject(pod, "OutOfpods", message)
+            return False
+        asked = self._requests_of(pod.uid, pod)
+        for name in RESOURCES:
+            allocatable = self._allocatable[name]
+            if asked[name] and self._resources_used[name] + asked[name] > allocatable:
+                message = (
+                    f"Pod was rejected: Node didn't have enough resource: {name}, "
+                    f"requested: {asked[name]}, used: {self._resources_used[name]}, "
+                    f"capacity: {allocatable}"
+                )
+                self._reject(pod, f"OutOf{name}", message)
+                return False
+        self._capacity_used += 1
+        for name in RESOURCES:
+            self._resources_used[name] += asked[name]
+        return True
+
+    def _requests_of(self, uid: str, pod: Pod | None = None) -> dict[str, int]:
+        """The pod's requests, computed once per UID (a UID's spec does not change them)."""
+        found = self._requests.get(uid)
+        if found is None:
+            known = pod or self.pods.get(uid)
+            found = pod_requests(known) if known is not None else dict.fromkeys(RESOURCES, 0)
+            self._requests[uid] = found
+        return found
         return False
 
     def _forbidden(self, pod: Pod) -> tuple[str, str] | None:
@@ -383,6 +418,7 @@ class Kubelet:
     def _handle_removals(self, pods: list[Pod]) -> None:
         for pod in pods:
             known = self.pods.pop(pod.uid, None)
+            self._requests.pop(pod.uid, None)
             if pod.uid in self._rejected:
                 self._rejected.discard(pod.uid)
                 self.statuses.forget(pod.uid)
