@@ -206,11 +206,18 @@ def join_cgroups(procs_files: list[str]) -> None:
 
 class _MountPoint:
     """A mount target, resolved and held open: `fd` (O_PATH) is what gets mounted on, whatever
-    happens to the path meanwhile; `path` is where it really is."""
+    happens to the path meanwhile, `name` in the directory `parent_fd` is how the mount on it is
+    reached again; `path` is where it really is."""
 
-    def __init__(self, fd: int, path: str) -> None:
+    def __init__(self, parent_fd: int, name: str, fd: int, path: str) -> None:
+        self.parent_fd = parent_fd
+        self.name = name
         self.fd = fd
         self.path = path
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self.parent_fd)
 
 
 def _open_mount_point(source: str, target: str) -> _MountPoint:
@@ -271,9 +278,11 @@ def _open_mount_point(source: str, target: str) -> _MountPoint:
             if not last:
                 flags |= os.O_DIRECTORY
             child = os.open(name, flags, dir_fd=fd)
+            where.append(name)
+            if last:
+                return _MountPoint(fd, name, child, "/" + "/".join(where))
             os.close(fd)
             fd = child
-            where.append(name)
     except LaunchError:
         os.close(fd)
         raise
@@ -282,7 +291,9 @@ def _open_mount_point(source: str, target: str) -> _MountPoint:
         raise LaunchError(
             "mount", f"cannot create the mount point {target}: {e.strerror}", e.errno
         ) from e
-    return _MountPoint(fd, "/" + "/".join(where))
+    os.close(fd)
+    # Only a symlink can end the walk without a name to mount on: one to "/", or ending in "..".
+    raise LaunchError("mount", f"cannot mount {source} at {target}: a symlink in it ends in /, ..")
 
 
 def _make_tree_read_only(libc: Any) -> None:
@@ -301,10 +312,10 @@ def _bind(libc: Any, source: str, point: _MountPoint, read_only: bool) -> None:
     the bind inherits otherwise)."""
     what = f"cannot bind {source} at {point.path}"
     _mount(libc, source, f"/proc/self/fd/{point.fd}", MS_BIND | MS_REC, what)
-    # The new mount sits on top of the mount point, out of reach of the held fd: reopened by its
-    # path, it must be the source's root, or something replaced the path meanwhile.
+    # The new mount sits on top of the mount point, out of reach of the held fd: looked up again
+    # in the held parent, it must be the source's root, or the name was replaced meanwhile.
     try:
-        fd = os.open(point.path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(point.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=point.parent_fd)
     except OSError as e:
         raise LaunchError("mount", f"{what}: {e.strerror}", e.errno) from e
     try:
@@ -376,7 +387,7 @@ def set_up_mounts(mounts: list[dict[str, Any]], read_only_root: bool, pods_dir: 
             _detach_pods(pods_dir, points)
     finally:
         for _, point in points:
-            os.close(point.fd)
+            point.close()
 
 
 def _chdir(cwd: str) -> OSError | None:
