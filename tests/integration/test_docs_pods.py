@@ -12,7 +12,9 @@ with the process runtime a missing mount point is created on the host.
 
 from __future__ import annotations
 
+import json
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -263,9 +265,48 @@ def log_of(agent: Agent, name: str, container: str) -> str:
     return wait_for(f"{name}/{container} log", lambda: agent.logs(name, container).strip())  # type: ignore[no-any-return]
 
 
+GRPC_SERVER = """
+import time
+from concurrent import futures
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+server = grpc.server(futures.ThreadPoolExecutor(2))
+servicer = health.HealthServicer()
+health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+server.add_insecure_port("0.0.0.0:%d")
+server.start()
+print("serving", flush=True)
+time.sleep(3)
+servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+time.sleep(600)
+"""
+
+
+def grpc_pod(port: int) -> str:
+    """.../configure-liveness-readiness-startup-probes/ "grpc-liveness" (etcd there): a health
+    server that stops serving after 3 s. The images here have no gRPC server, so this one is
+    Python's (with grpcio), run by the process runtime only."""
+    return f"""
+spec:
+  containers:
+  - name: etcd
+    image: registry.k8s.io/etcd:3.5.1-0
+    command: [{sys.executable}, -c, {json.dumps(GRPC_SERVER % port)}]
+    ports: [{{containerPort: {port}}}]
+    livenessProbe:
+      grpc: {{port: {port}}}
+      initialDelaySeconds: 1
+      periodSeconds: 1
+      failureThreshold: 1
+"""
+
+
 def test_the_documentations_pods(start_agent, manifests: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
     http_port, tcp_port = free_port(), free_port()
-    write_all(manifests, doc_pods(backend.forever(), http_port, tcp_port))
+    pods = doc_pods(backend.forever(), http_port, tcp_port)
+    if backend.name == "process":
+        pods["grpc-liveness"] = grpc_pod(free_port())
+    write_all(manifests, pods)
     agent = start_agent(*backend.flags)
 
     # Init containers ran in order, each to exit 0, and left the volume ready for the app.
@@ -292,6 +333,14 @@ def test_the_documentations_pods(start_agent, manifests: Path, backend: Backend)
         e["reason"] == "Unhealthy" and "liveness-exec" in e["involvedObject"]["name"]
         for e in agent.events()
     )
+    if backend.name == "process":
+        # The gRPC health check: SERVING, then NOT_SERVING restarts the container.
+        assert log_of(agent, "grpc-liveness", "etcd") == "serving"
+        wait_for(
+            "grpc-liveness restarted by its liveness probe",
+            lambda: status_of(agent, "grpc-liveness", "etcd")["restartCount"] >= 1,
+            timeout=30,
+        )
 
     # TCP readiness: ready once the server listens.
     wait_for("tcp-readiness ready", lambda: status_of(agent, "tcp-readiness", "server")["ready"])
