@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -533,3 +534,39 @@ def test_config_map_and_secret_volumes_follow_their_objects(
     )  # fmt: skip
     pod = running_in_api(client, "web")
     assert pod is not None and container(pod)["restartCount"] == 0
+
+
+def test_watches_cut_every_two_seconds_lose_no_change(
+    cluster: tuple[ApiServer, Path, KubeClient], start_agent: Callable[..., Agent]
+) -> None:
+    server, kubeconfig, client = cluster
+    agent = start_agent("--kubeconfig", str(kubeconfig))
+    stop = threading.Event()
+
+    def cut() -> None:
+        while not stop.wait(2.0):
+            server.drop_watches()
+
+    cutter = threading.Thread(target=cut, daemon=True)
+    cutter.start()
+    try:
+        for i in range(6):
+            client.create_pod(pod_body(f"w{i}", "testnode", "sleep 600", grace=2))
+            time.sleep(0.7)
+        for i in range(0, 6, 2):
+            client.delete_pod(f"w{i}")
+        wanted = {f"w{i}" for i in range(1, 6, 2)}
+        wait_for(
+            "the odd pods running, the even ones gone, in the API server and the agent",
+            lambda: (
+                all(running_in_api(client, n) for n in wanted)
+                and {p["metadata"]["name"] for p in client.pods()} == wanted
+                and {p["metadata"]["name"] for p in agent.pods().values()} == wanted
+            ),
+            timeout=60,
+        )
+    finally:
+        stop.set()
+        cutter.join()
+    watches = [r for r in server.requests() if r.watch and r.path == "/api/v1/pods"]
+    assert len(watches) >= 3  # it was cut, and resumed, at least twice
