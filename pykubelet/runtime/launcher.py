@@ -338,11 +338,12 @@ def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
     """Every mount under the agent's pods directory (other pods' tmpfs volumes, copied by
     unshare) goes from this namespace: a copy would keep their memory after the agent unmounts
     them. The container's own binds are mounts at their targets and stay."""
-    pods_dir = os.path.normpath(pods_dir)
+    # As mountinfo spells them: the agent's --root-dir may be reached through a symlink.
+    pods_dir = os.path.realpath(pods_dir)
     roots = [pods_dir]
     for source, point in mounts:
         # A bind of a directory above the pods directory (MS_REC) copied them there too.
-        rel = os.path.relpath(pods_dir, os.path.normpath(source))
+        rel = os.path.relpath(pods_dir, os.path.realpath(source))
         if not rel.startswith(".."):
             roots.append(os.path.normpath(os.path.join(point.path, rel)))
     own = {point.path for _, point in mounts}

@@ -252,3 +252,28 @@ async def test_container_namespace_holds_no_other_pods_tmpfs(
         assert str(pods) not in mounted, mounted
         assert len(mount_options(c.pid, target)) == 1
         await rt.stop_container(c, grace_seconds=5)
+
+
+async def test_other_pods_tmpfs_also_go_from_a_bind_above_them(tmp_path: Path) -> None:
+    # The agent's root directory reached through a symlink, and bound whole as a hostPath.
+    link = tmp_path.parent / f"{tmp_path.name}-link"
+    link.symlink_to(tmp_path)
+    rt = ProcessRuntime(link)
+    await rt.start()
+    try:
+        pod, sb = await new_pod(rt)
+        with tmpfs(tmp_path / "pods" / "other-uid" / "volumes" / "kubernetes.io~secret" / "t"):
+            view = tmp_path / "view"
+            cfg = with_(
+                sh("exec sleep 60"), mounts=[VolumeMount(str(tmp_path), str(view), read_only=True)]
+            )
+            c = await rt.start_container(pod, sb, cfg)
+            assert c.pid is not None
+            mounted = mountinfo(c.pid)
+            assert len(mount_options(c.pid, view)) == 1
+            assert "/pods/other-uid" not in mounted, mounted
+            await rt.stop_container(c, grace_seconds=5)
+        await rt.remove_pod(pod.uid)
+    finally:
+        await rt.close()
+        link.unlink()
