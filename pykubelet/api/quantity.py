@@ -37,8 +37,14 @@ def parse_quantity(raw: str | int | float) -> Fraction:
             "(m, k, M, G, T, P, E, Ki, Mi, Gi, Ti, Pi, Ei or an exponent), e.g. 500m or 64Mi"
         )
     number, suffix = match.groups()
-    if len(number) > MAX_DIGITS or (
-        suffix is not None and suffix[0] in "eE" and abs(int(suffix[1:])) > MAX_EXPONENT
+    if (
+        len(number) > MAX_DIGITS
+        or (
+            suffix is not None
+            and len(suffix) > 1  # "E" alone is exa, not an exponent
+            and suffix[0] in "eE"
+            and abs(int(suffix[1:])) > MAX_EXPONENT
+        )
     ):
         # 10**(10**7) alone would hold the interpreter for seconds: refuse before computing.
         raise QuantityError(f"invalid quantity {str(raw)[:40]!r}: out of range")

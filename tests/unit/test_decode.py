@@ -152,3 +152,8 @@ def test_decode_pods_accepts_list_and_stream_and_keeps_good_ones() -> None:
     )
     pods, errors = decode_pods(podlist, "http://x/pods")
     assert [p.metadata.name for p in pods] == ["a"] and not errors
+
+
+def test_a_huge_exponent_is_refused_at_once() -> None:
+    data = GOOD.replace(b"memory: 64Mi", b"memory: 1e10000000")
+    assert any("out of range" in e for e in errors_of(data))
