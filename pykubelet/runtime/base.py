@@ -6,7 +6,7 @@ A backend (host processes, the Docker Engine API, ...) implements `Runtime`. Eve
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -147,6 +147,31 @@ class RuntimeFailure(Exception):
 
 
 ChangeListener = Callable[[str], None]
+
+
+async def ensure_image(
+    image: str,
+    policy: str,
+    present: Callable[[str], Awaitable[bool]],
+    pull: Callable[[str], Awaitable[None]],
+    *,
+    sandbox: bool = False,
+) -> None:
+    """Pull as imagePullPolicy says, for any backend: StartError with the kubelet's reasons for
+    a container; for the sandbox's image, a failure of the runtime."""
+    try:
+        if policy != "Always" and await present(image):
+            return
+        if policy == "Never":
+            raise StartError(
+                "ErrImageNeverPull",
+                f'Container image "{image}" is not present with pull policy of Never',
+            )
+        await pull(image)
+    except StartError as e:
+        if sandbox:
+            raise RuntimeFailure(f"pod infra image: {e.message}") from e
+        raise
 
 
 class Runtime(Protocol):

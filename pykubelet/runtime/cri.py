@@ -53,10 +53,11 @@ from pykubelet.runtime.base import (
     RuntimePod,
     RuntimeSandbox,
     StartError,
+    ensure_image,
 )
 from pykubelet.runtime.cri_log import CriLogDecoder, decode_records, tail_start
 from pykubelet.runtime.cri_proto import cri_api_pb2 as api
-from pykubelet.runtime.docker_engine import pod_hostname
+from pykubelet.runtime.docker_engine import normalize_endpoint, pod_hostname
 from pykubelet.runtime.resources import CPU_PERIOD, cpu_quota, cpu_shares, request_milli_cpu
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class CriClient:
         self.endpoint = endpoint
         self._grpc: Any = grpc
         self._channel: Any = grpc.aio.insecure_channel(
-            _grpc_target(endpoint),
+            normalize_endpoint(endpoint),
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE),
                 ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -203,13 +204,6 @@ def _unix_socket_path(endpoint: str) -> str | None:
     if endpoint.startswith("unix://"):
         return endpoint[len("unix://") :]
     return endpoint if endpoint.startswith("/") else None
-
-
-def _grpc_target(endpoint: str) -> str:
-    """The kubelet's endpoint forms ("unix:///run/x.sock", "/run/x.sock") as grpc's."""
-    if endpoint.startswith("/"):
-        return "unix://" + endpoint
-    return endpoint
 
 
 # --- the cache ----------------------------------------------------------------------------------
@@ -804,21 +798,7 @@ class CriRuntime:
     # --- images ---------------------------------------------------------------------------------
 
     async def _ensure_image(self, image: str, policy: str, sandbox: bool = False) -> None:
-        """Pull as the policy says. StartError with the kubelet's reasons, for a container; the
-        sandbox's image failing is the runtime's failure."""
-        try:
-            if policy != "Always" and await self._image_present(image):
-                return
-            if policy == "Never":
-                raise StartError(
-                    "ErrImageNeverPull",
-                    f'Container image "{image}" is not present with pull policy of Never',
-                )
-            await self._pull(image)
-        except StartError as e:
-            if sandbox:
-                raise RuntimeFailure(f"pod infra image: {e.message}") from e
-            raise
+        await ensure_image(image, policy, self._image_present, self._pull, sandbox=sandbox)
 
     async def _image_present(self, image: str) -> bool:
         try:

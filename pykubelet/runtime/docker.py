@@ -59,6 +59,7 @@ from pykubelet.runtime.base import (
     RuntimePod,
     RuntimeSandbox,
     StartError,
+    ensure_image,
 )
 from pykubelet.runtime.docker_engine import (
     LABEL_TYPE,
@@ -522,21 +523,7 @@ class DockerRuntime:
     # --- images ---------------------------------------------------------------------------------
 
     async def _ensure_image(self, image: str, policy: str, sandbox: bool = False) -> None:
-        """Pull as the policy says. StartError with the kubelet's reasons, for a container; the
-        sandbox's image failing is the runtime's failure."""
-        try:
-            if policy != "Always" and await self._image_present(image):
-                return
-            if policy == "Never":
-                raise StartError(
-                    "ErrImageNeverPull",
-                    f'Container image "{image}" is not present with pull policy of Never',
-                )
-            await self._pull(image)
-        except StartError as e:
-            if sandbox:
-                raise RuntimeFailure(f"pod infra image: {e.message}") from e
-            raise
+        await ensure_image(image, policy, self._image_present, self._pull, sandbox=sandbox)
 
     async def _image_present(self, image: str) -> bool:
         try:
