@@ -294,25 +294,23 @@ class CriEngine:
         )
         return method(request, timeout=60)
 
+    @staticmethod
+    def _selector(labels: dict[str, str]) -> dict[str, str]:
+        return {"io.pykubelet.managed": "true", **labels}
+
     def sandboxes(self, **labels: str) -> list[Any]:
         api = self.api
-        selector = {"io.pykubelet.managed": "true", **labels}
-        reply = self.call(
-            "ListPodSandbox",
-            api.ListPodSandboxRequest(filter=api.PodSandboxFilter(label_selector=selector)),
-            api.ListPodSandboxResponse,
+        request = api.ListPodSandboxRequest(
+            filter=api.PodSandboxFilter(label_selector=self._selector(labels))
         )
-        return list(reply.items)
+        return list(self.call("ListPodSandbox", request, api.ListPodSandboxResponse).items)
 
     def containers(self, **labels: str) -> list[Any]:
         api = self.api
-        selector = {"io.pykubelet.managed": "true", **labels}
-        reply = self.call(
-            "ListContainers",
-            api.ListContainersRequest(filter=api.ContainerFilter(label_selector=selector)),
-            api.ListContainersResponse,
+        request = api.ListContainersRequest(
+            filter=api.ContainerFilter(label_selector=self._selector(labels))
         )
-        return list(reply.containers)
+        return list(self.call("ListContainers", request, api.ListContainersResponse).containers)
 
     def pod_containers(self, pod_name: str) -> list[Any]:
         """The pod's sandboxes and containers."""

@@ -86,37 +86,26 @@ def container_engine() -> Iterator[Engine]:
         subprocess.run([str(ENV_SCRIPT), "stop", directory], capture_output=True, timeout=300)
 
 
-@pytest.fixture
-def docker_backend(container_engine: Engine) -> Iterator[Backend]:
-    container_engine.remove_all()  # whatever an earlier test left behind
-    flags = [
-        "--container-runtime",
-        "docker",
-        "--container-runtime-endpoint",
-        container_engine.endpoint,
-        "--pod-infra-container-image",
-        os.environ.get(INFRA_IMAGE_VARIABLE, "localhost/pause:test"),
-    ]
-    backend = Backend("docker", flags, container_engine)
+def _engine_backend(
+    name: str, endpoint: str, engine: Engine | CriEngine, infra_image: str
+) -> Iterator[Backend]:
+    engine.remove_all()  # whatever an earlier test left behind
+    flags = ["--container-runtime", name, "--container-runtime-endpoint", endpoint]
+    backend = Backend(name, [*flags, "--pod-infra-container-image", infra_image], engine)
     yield backend
     backend.close()
+
+
+@pytest.fixture
+def docker_backend(container_engine: Engine) -> Iterator[Backend]:
+    infra_image = os.environ.get(INFRA_IMAGE_VARIABLE, "localhost/pause:test")
+    yield from _engine_backend("docker", container_engine.endpoint, container_engine, infra_image)
 
 
 @pytest.fixture
 def cri_backend(containerd: Containerd) -> Iterator[Backend]:
     engine = CriEngine(containerd.endpoint, containerd.gateway)
-    engine.remove_all()  # whatever an earlier test left behind
-    flags = [
-        "--container-runtime",
-        "remote",
-        "--container-runtime-endpoint",
-        containerd.endpoint,
-        "--pod-infra-container-image",
-        "localhost/pause:test",
-    ]
-    backend = Backend("remote", flags, engine)
-    yield backend
-    backend.close()
+    yield from _engine_backend("remote", containerd.endpoint, engine, "localhost/pause:test")
 
 
 @pytest.fixture(
