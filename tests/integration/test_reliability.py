@@ -89,13 +89,25 @@ def test_sigkill_during_churn_converges(start_agent, manifests: Path, crashes: i
 
     expected = {marker(i, v) for i, v in desired.items()}
 
-    def converged() -> bool:
-        running = _running(agent)
-        if set(running) != {f"churn-{i}-{NODE}" for i in desired}:
-            return False
-        return {k: len(v) for k, v in sleeps().items()} == dict.fromkeys(expected, 1)
+    state: dict[str, object] = {}
 
-    wait_for("convergence: each desired pod runs exactly once", converged, timeout=40)
+    def converged() -> bool:
+        # What differs is kept for the failure message.
+        running = set(_running(agent))
+        wanted = {f"churn-{i}-{NODE}" for i in desired}
+        counts = {k: len(v) for k, v in sleeps().items()}
+        state.update(
+            missing=wanted - running,
+            unwanted=running - wanted,
+            processes={k: n for k, n in counts.items() if n != 1 or k not in expected},
+            not_running=expected - set(counts),
+        )
+        return running == wanted and counts == dict.fromkeys(expected, 1)
+
+    try:
+        wait_for("convergence: each desired pod runs exactly once", converged, timeout=40)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; differences: {state}") from None
     final = _running(agent)
     for i in untouched:
         name = f"churn-{i}-{NODE}"
