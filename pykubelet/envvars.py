@@ -127,36 +127,38 @@ def resource_value(
     return str(ceil_div(value, divisor))
 
 
-def _config_map_value(objects: ApiObjects, ref: ConfigMapKeySelector, namespace: str) -> str | None:
-    found = objects.config_maps.get(ref.name)
-    if found is None:
-        if ref.optional:
-            return None
-        raise EnvError(f'configmap "{ref.name}" not found')
-    data = _text_only(found)
-    if ref.key not in data:
-        if ref.optional:
-            return None
-        raise EnvError(f"couldn't find key {ref.key} in ConfigMap {namespace}/{ref.name}")
-    return data[ref.key]
-
-
 def _text_only(data: dict[str, str | bytes]) -> dict[str, str]:
     """As the kubelet: the environment takes a ConfigMap's `data`, never its `binaryData`."""
     return {k: v for k, v in data.items() if isinstance(v, str)}
 
 
-def _secret_value(objects: ApiObjects, ref: SecretKeySelector, namespace: str) -> str | None:
-    data = objects.secrets.get(ref.name)
+def _key_value(
+    data: dict[str, str] | None,
+    ref: ConfigMapKeySelector | SecretKeySelector,
+    kind: str,
+    namespace: str,
+) -> str | None:
+    """One key of a ConfigMap or Secret, with the kubelet's messages; None: optional, absent."""
     if data is None:
         if ref.optional:
             return None
-        raise EnvError(f'secret "{ref.name}" not found')
+        raise EnvError(f'{kind.lower()} "{ref.name}" not found')
     if ref.key not in data:
         if ref.optional:
             return None
-        raise EnvError(f"couldn't find key {ref.key} in Secret {namespace}/{ref.name}")
-    return data[ref.key].decode("utf-8", errors="replace")
+        raise EnvError(f"couldn't find key {ref.key} in {kind} {namespace}/{ref.name}")
+    return data[ref.key]
+
+
+def _config_map_value(objects: ApiObjects, ref: ConfigMapKeySelector, namespace: str) -> str | None:
+    found = objects.config_maps.get(ref.name)
+    return _key_value(None if found is None else _text_only(found), ref, "ConfigMap", namespace)
+
+
+def _secret_value(objects: ApiObjects, ref: SecretKeySelector, namespace: str) -> str | None:
+    found = objects.secrets.get(ref.name)
+    data = None if found is None else {k: v.decode("utf-8", "replace") for k, v in found.items()}
+    return _key_value(data, ref, "Secret", namespace)
 
 
 def _env_from(
