@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 NAME = "process"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SANDBOX_FILE = "sandbox.json"
+STARTING_SUFFIX = ".starting"  # <container id>.starting: a container being started
 STATE_VERSION = 1
 
 # The kubelet's ContainerStatusUnknown: the container is gone and nobody can tell how it ended.
@@ -665,6 +666,14 @@ class ProcessRuntime:
         env[ID_VARIABLE] = container_id
         settings = self._cgroup_settings(config)
         launch = _launch_config(config, argv, cwd, env, settings is not None)
+        # Written before the fork, removed once the state file is: an agent killed in between
+        # finds the marker at its next start and kills the process by its ID, which would
+        # otherwise run on, unknown (found by the SIGKILL churn soak).
+        starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
+        try:
+            await asyncio.to_thread(_write_marker, starting)
+        except OSError as e:
+            raise RuntimeFailure(f"cannot write {starting}: {e}") from e
         if launch is not None:
             launch["pods_dir"] = str(self._volumes_dir)
         procs: list[str] = []
@@ -687,6 +696,7 @@ class ProcessRuntime:
         except BaseException:
             if procs:
                 await self._remove_cgroups(pod.uid, container_id)
+            await asyncio.to_thread(statefile.remove, starting)
             raise
         rec = _Container(
             id=container_id,
@@ -718,6 +728,7 @@ class ProcessRuntime:
                 f"container {config.name} of pod {pod.key}: cannot write its state ({e}); "
                 "the process was killed"
             ) from e
+        await asyncio.to_thread(statefile.remove, starting)
         self._notify(pod.uid)
         return started
 
@@ -957,6 +968,13 @@ class ProcessRuntime:
             path = Path(entry.path)
             if statefile.is_temporary(entry.name):
                 statefile.remove(path)  # an interrupted write; the previous version is intact
+                continue
+            if entry.name.endswith(STARTING_SUFFIX):
+                container_id = entry.name.removesuffix(STARTING_SUFFIX)
+                if not (pod_dir / f"{container_id}.json").exists():
+                    # Forked, never recorded: the agent died in between. Never run it twice.
+                    _kill_tagged(container_id)
+                statefile.remove(path)
                 continue
             if not entry.name.endswith(".json") or not entry.is_file(follow_symlinks=False):
                 continue
@@ -1296,6 +1314,11 @@ async def _read_until_eof(fd: int) -> bytes:
         if not chunk:
             return out
         out += chunk
+
+
+def _write_marker(path: Path) -> None:
+    # No fsync: it guards against the agent dying, not the machine (whose processes die too).
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
 
 
 def _create_sandbox(pod_dir: Path, data: dict[str, Any]) -> None:

@@ -607,3 +607,39 @@ async def test_corrupt_state_files_are_skipped(
     await b.remove_pod("broken-pod")
     assert not broken.exists()
     await b.close()
+
+
+async def test_a_container_forked_but_never_recorded_is_killed_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """The agent killed between the fork and the state file: its marker remains, no state."""
+    a = ProcessRuntime(tmp_path)
+    await a.start()
+    pod, sb = await new_pod(a)
+    orphan = await a.start_container(pod, sb, config("sleep", "60", name="s"))
+    kept = await a.start_container(pod, sb, config("sleep", "61", name="k"))
+    pod_dir = tmp_path / "runtime" / "process" / pod.uid
+    assert not list(pod_dir.glob("*.starting"))  # removed once the state file is written
+    await a.close()
+    # As the agent would have left it: the marker written, the state file not yet.
+    (pod_dir / f"{orphan.id}.json").unlink()
+    (pod_dir / f"{orphan.id}.starting").touch()
+    assert orphan.pid is not None
+
+    b = ProcessRuntime(tmp_path)
+    try:
+        await b.start()
+        pid = orphan.pid
+
+        def dead() -> bool:
+            # Still our child (this test forked it): reaped here once it is killed.
+            return os.waitpid(pid, os.WNOHANG)[0] == pid
+
+        await wait_until(dead, "the orphan killed")
+        got = await b.get_pod(pod.uid)
+        assert got is not None and [c.id for c in got.containers] == [kept.id]
+        assert not (pod_dir / f"{orphan.id}.starting").exists()
+    finally:
+        for p in await b.list_pods():
+            await b.remove_pod(p.uid)
+        await b.close()
