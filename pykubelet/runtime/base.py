@@ -6,6 +6,7 @@ A backend (host processes, the Docker Engine API, ...) implements `Runtime`. Eve
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -147,6 +148,39 @@ class RuntimeFailure(Exception):
 
 
 ChangeListener = Callable[[str], None]
+
+
+class SharedPulls:
+    """One pull per image at a time, shared by every container waiting for it; a waiter that
+    is cancelled does not cancel the pull the others wait for."""
+
+    def __init__(self, pull: Callable[[str], Awaitable[None]]) -> None:
+        self._pull = pull
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    async def pull(self, image: str) -> None:
+        task = self._tasks.get(image)
+        if task is None:
+            task = asyncio.create_task(self._run(image), name=f"pull {image}")
+            self._tasks[image] = task
+            task.add_done_callback(lambda t: self._done(image, t))
+        await asyncio.shield(task)
+
+    async def _run(self, image: str) -> None:
+        await self._pull(image)
+
+    def _done(self, image: str, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(image, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: whoever waited has it, or nobody waits any more
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the pulls in progress (the runtime closes); returns them to be awaited."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        self._tasks.clear()
+        return tasks
 
 
 async def ensure_image(

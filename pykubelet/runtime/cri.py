@@ -52,6 +52,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
+    SharedPulls,
     StartError,
     ensure_image,
 )
@@ -286,7 +287,7 @@ class CriRuntime:
         self._seq = 0
         self._listeners: list[ChangeListener] = []
         self._pod_locks: dict[str, asyncio.Lock] = {}
-        self._pulls: dict[str, asyncio.Task[None]] = {}
+        self._pulls = SharedPulls(self._do_pull)
         self._resync_task: asyncio.Task[set[str]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._host_network: set[str] = set()  # sandbox ids in the node's network namespace
@@ -365,14 +366,13 @@ class CriRuntime:
 
     async def close(self) -> None:
         """Stop polling; the containers keep running and the next start() adopts them."""
-        tasks: list[asyncio.Task[Any]] = [*self._tasks, *self._pulls.values()]
+        tasks: list[asyncio.Task[Any]] = [*self._tasks, *self._pulls.cancel()]
         if self._resync_task is not None:
             tasks.append(self._resync_task)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
-        self._pulls.clear()
         self._resync_task = None
         self._sandboxes.clear()
         self._containers.clear()
@@ -798,7 +798,7 @@ class CriRuntime:
     # --- images ---------------------------------------------------------------------------------
 
     async def _ensure_image(self, image: str, policy: str, sandbox: bool = False) -> None:
-        await ensure_image(image, policy, self._image_present, self._pull, sandbox=sandbox)
+        await ensure_image(image, policy, self._image_present, self._pulls.pull, sandbox=sandbox)
 
     async def _image_present(self, image: str) -> bool:
         try:
@@ -811,20 +811,6 @@ class CriRuntime:
         except (CriError, TimeoutError) as e:
             raise RuntimeFailure(f"cannot ask for the status of image {image}: {e}") from e
         return reply.HasField("image") and bool(reply.image.id)
-
-    async def _pull(self, image: str) -> None:
-        # One pull per image at a time, shared by every container waiting for it.
-        task = self._pulls.get(image)
-        if task is None:
-            task = asyncio.create_task(self._do_pull(image), name=f"pull {image}")
-            self._pulls[image] = task
-            task.add_done_callback(lambda t: self._pull_done(image, t))
-        await asyncio.shield(task)
-
-    def _pull_done(self, image: str, task: asyncio.Task[None]) -> None:
-        self._pulls.pop(image, None)
-        if not task.cancelled():
-            task.exception()  # retrieved: whoever waited has it, or nobody waits any more
 
     async def _do_pull(self, image: str) -> None:
         log.info("pulling image %s", image)

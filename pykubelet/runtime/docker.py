@@ -58,6 +58,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
+    SharedPulls,
     StartError,
     ensure_image,
 )
@@ -132,7 +133,7 @@ class DockerRuntime:
         self._id_locks: dict[str, asyncio.Lock] = {}
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._listeners: list[ChangeListener] = []
-        self._pulls: dict[str, asyncio.Task[None]] = {}
+        self._pulls = SharedPulls(self._do_pull)
         self._resync_task: asyncio.Task[set[str]] | None = None
         self._events_task: asyncio.Task[None] | None = None
         self._events_connected = asyncio.Event()
@@ -200,7 +201,8 @@ class DockerRuntime:
 
     async def close(self) -> None:
         """Stop listening; the containers keep running and the next start() adopts them."""
-        for task in [self._events_task, self._resync_task, *self._tasks, *self._pulls.values()]:
+        self._pulls.cancel()
+        for task in [self._events_task, self._resync_task, *self._tasks]:
             if task is not None:
                 task.cancel()
         pending = [t for t in [self._events_task, self._resync_task, *self._tasks] if t]
@@ -210,7 +212,6 @@ class DockerRuntime:
         self._watchers.clear()
         self._watching.clear()
         self._tasks.clear()
-        self._pulls.clear()
         self._events_task = self._resync_task = None
         self._entries.clear()
         await self._close_client()
@@ -523,7 +524,7 @@ class DockerRuntime:
     # --- images ---------------------------------------------------------------------------------
 
     async def _ensure_image(self, image: str, policy: str, sandbox: bool = False) -> None:
-        await ensure_image(image, policy, self._image_present, self._pull, sandbox=sandbox)
+        await ensure_image(image, policy, self._image_present, self._pulls.pull, sandbox=sandbox)
 
     async def _image_present(self, image: str) -> bool:
         try:
@@ -533,20 +534,6 @@ class DockerRuntime:
                 return False
             raise RuntimeFailure(f"cannot inspect image {image}: {e}") from e
         return True
-
-    async def _pull(self, image: str) -> None:
-        # One pull per image at a time, shared by every container waiting for it.
-        task = self._pulls.get(image)
-        if task is None:
-            task = asyncio.create_task(self._do_pull(image), name=f"pull {image}")
-            self._pulls[image] = task
-            task.add_done_callback(lambda t: self._pull_done(image, t))
-        await asyncio.shield(task)
-
-    def _pull_done(self, image: str, task: asyncio.Task[None]) -> None:
-        self._pulls.pop(image, None)
-        if not task.cancelled():
-            task.exception()  # retrieved: whoever waited has it, or nobody waits any more
 
     async def _do_pull(self, image: str) -> None:
         client = self._require_client()
