@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -16,6 +17,37 @@ CONTAINERD_SCRIPT = ROOT / "scripts" / "containerd-test-env"
 # A CRI runtime already running (its socket) instead of the private containerd; it must have
 # localhost/pause:test and busybox:test (see the script).
 CRI_ENDPOINT_VARIABLE = "PYKUBELET_TEST_CRI_ENDPOINT"
+
+
+@contextlib.contextmanager
+def private_service(
+    script: Path, prefix: str, needs: str, alternative: str
+) -> Iterator[tuple[str, Path]]:
+    """`script start DIR` a private service for the session, `script stop DIR` afterwards;
+    yields (the endpoint it prints last, DIR). If it cannot start, the tests that need it fail
+    with the reason: they are part of what `make test` checks, and a skip would hide that."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        proc = subprocess.run(
+            [str(script), "start", str(directory)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as e:
+        proc = subprocess.CompletedProcess(e.cmd, 1, "", f"timed out after {e.timeout}s")
+    if proc.returncode != 0:
+        subprocess.run([str(script), "stop", str(directory)], capture_output=True, timeout=120)
+        pytest.fail(
+            f"{needs}; `{script.relative_to(ROOT)} start` failed "
+            f"(exit {proc.returncode}):\n{proc.stderr.strip()}\n{alternative}",
+            pytrace=False,
+        )
+    try:
+        yield proc.stdout.strip().splitlines()[-1], directory
+    finally:
+        subprocess.run([str(script), "stop", str(directory)], capture_output=True, timeout=300)
 
 
 @dataclass(frozen=True)
@@ -33,33 +65,11 @@ def containerd() -> Iterator[Containerd]:
     if endpoint:
         yield Containerd(endpoint, os.environ.get("PYKUBELET_TEST_CRI_GATEWAY", "127.0.0.1"))
         return
-    directory = tempfile.mkdtemp(prefix="pykubelet-containerd-")
-    try:
-        proc = subprocess.run(
-            [str(CONTAINERD_SCRIPT), "start", directory],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        proc = subprocess.CompletedProcess(e.cmd, 1, "", f"timed out after {e.timeout}s")
-    if proc.returncode != 0:
-        subprocess.run(
-            [str(CONTAINERD_SCRIPT), "stop", directory], capture_output=True, timeout=120
-        )
-        pytest.fail(
-            "the remote runtime's tests need containerd (Debian: containerd, runc, "
-            "containernetworking-plugins, busybox-static) and root; "
-            f"`{CONTAINERD_SCRIPT.relative_to(ROOT)} start` failed "
-            f"(exit {proc.returncode}):\n{proc.stderr.strip()}\n"
-            f"(or point {CRI_ENDPOINT_VARIABLE} at a running CRI runtime)",
-            pytrace=False,
-        )
-    try:
-        gateway = (Path(directory) / "gateway").read_text().strip()
-        yield Containerd(proc.stdout.strip().splitlines()[-1], gateway)
-    finally:
-        subprocess.run(
-            [str(CONTAINERD_SCRIPT), "stop", directory], capture_output=True, timeout=300
-        )
+    with private_service(
+        CONTAINERD_SCRIPT,
+        "pykubelet-containerd-",
+        "the remote runtime's tests need containerd (Debian: containerd, runc, "
+        "containernetworking-plugins, busybox-static) and root",
+        f"(or point {CRI_ENDPOINT_VARIABLE} at a running CRI runtime)",
+    ) as (endpoint, directory):
+        yield Containerd(endpoint, (directory / "gateway").read_text().strip())

@@ -2,14 +2,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Containerd
+from tests.conftest import Containerd, private_service
 from tests.integration.agent import Agent, Backend, CriEngine, Engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,30 +58,13 @@ def container_engine() -> Iterator[Engine]:
     if endpoint:
         yield Engine(endpoint)
         return
-    directory = tempfile.mkdtemp(prefix="pykubelet-podman-")
-    try:
-        proc = subprocess.run(
-            [str(ENV_SCRIPT), "start", directory],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as e:
-        proc = subprocess.CompletedProcess(e.cmd, 1, "", f"timed out after {e.timeout}s")
-    if proc.returncode != 0:
-        subprocess.run([str(ENV_SCRIPT), "stop", directory], capture_output=True, timeout=120)
-        pytest.fail(
-            "the docker runtime's tests need Podman (Debian: podman, runc, busybox-static) and "
-            f"root; `{ENV_SCRIPT.relative_to(ROOT)} start` failed "
-            f"(exit {proc.returncode}):\n{proc.stderr.strip()}\n"
-            f"(or point {ENDPOINT_VARIABLE} at a running engine)",
-            pytrace=False,
-        )
-    try:
-        yield Engine(proc.stdout.strip().splitlines()[-1])
-    finally:
-        subprocess.run([str(ENV_SCRIPT), "stop", directory], capture_output=True, timeout=300)
+    with private_service(
+        ENV_SCRIPT,
+        "pykubelet-podman-",
+        "the docker runtime's tests need Podman (Debian: podman, runc, busybox-static) and root",
+        f"(or point {ENDPOINT_VARIABLE} at a running engine)",
+    ) as (endpoint, _):
+        yield Engine(endpoint)
 
 
 def _engine_backend(
