@@ -1,3 +1,3 @@
-from pykubelet.cli import main
+from pykubelet.cmd.cli import main
 
 raise SystemExit(main())

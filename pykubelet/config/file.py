@@ -22,13 +22,13 @@ from pathlib import Path
 
 from asyncinotify import Inotify, Mask
 
-from pykubelet import metrics
 from pykubelet.api.decode import decode_pod
 from pykubelet.api.errors import FieldError, ManifestError
 from pykubelet.api.model import Pod
 from pykubelet.api.static import apply_static_defaults
+from pykubelet.common import metrics
+from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.config.types import FILE_SOURCE, Op, PodUpdate
-from pykubelet.events import EventRecorder, ObjectRef
 
 log = logging.getLogger(__name__)
 

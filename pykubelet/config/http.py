@@ -48,13 +48,14 @@ import aiohttp
 from multidict import CIMultiDict
 from yarl import URL
 
-from pykubelet import __version__, metrics
+from pykubelet import __version__
 from pykubelet.api.decode import load_documents, pod_from_object, pod_items
 from pykubelet.api.errors import ManifestError
 from pykubelet.api.model import Pod
 from pykubelet.api.static import apply_static_defaults
+from pykubelet.common import metrics
+from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.config.types import HTTP_SOURCE, Op, PodUpdate
-from pykubelet.events import EventRecorder, ObjectRef
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
-from pykubelet import metrics
 from pykubelet.api.model import Pod
+from pykubelet.common import metrics
 from pykubelet.runtime.base import (
     ChangeListener,
     ContainerConfig,

@@ -279,7 +279,7 @@ class CriEngine:
     def __init__(self, endpoint: str, gateway_ip: str) -> None:
         import grpc  # type: ignore[import-untyped]
 
-        from pykubelet.runtime.cri_proto import cri_api_pb2 as api
+        from pykubelet.runtime.cri.proto import cri_api_pb2 as api
 
         self.endpoint = endpoint
         self.api = api

@@ -16,7 +16,7 @@ import pytest
 
 from pykubelet.api.model import Pod
 from pykubelet.runtime.base import ContainerConfig, ContainerRunState, Mount, RuntimeContainer
-from pykubelet.runtime.docker import DockerRuntime
+from pykubelet.runtime.docker.runtime import DockerRuntime
 from tests.integration.agent import Engine
 
 pytestmark = pytest.mark.docker

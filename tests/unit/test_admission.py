@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pykubelet.admission import pod_requests
 from pykubelet.api.model import Pod
+from pykubelet.kubelet.admission import pod_requests
 
 
 def pod(containers: list[dict[str, Any]], inits: list[dict[str, Any]] = ()) -> Pod:  # type: ignore[assignment]

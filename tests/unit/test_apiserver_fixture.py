@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pykubelet.config.apiserver import ApiError, KubeApi
+from pykubelet.client.kubeapi import ApiError, KubeApi
 from tests.fixtures.apiserver import (
     ApiServer,
     json_patch,

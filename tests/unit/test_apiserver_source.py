@@ -12,15 +12,10 @@ from typing import Any
 import pytest
 
 from pykubelet.api.errors import ManifestError
-from pykubelet.config.apiserver import (
-    ApiError,
-    ApiSource,
-    KubeApi,
-    decode_api_pod,
-    prepare_api_pod,
-)
+from pykubelet.client.kubeapi import ApiError, KubeApi
+from pykubelet.common.events import EventRecorder
+from pykubelet.config.apiserver import ApiSource, decode_api_pod, prepare_api_pod
 from pykubelet.config.types import API_SOURCE, Op, PodUpdate
-from pykubelet.events import EventRecorder
 from tests.fixtures.apiserver import ApiServer, Store, resource
 
 Obj = dict[str, Any]

@@ -20,10 +20,10 @@ from pykubelet.api.model import (
     PodCondition,
     PodStatus,
 )
-from pykubelet.config.apiserver import KubeApi
-from pykubelet.node import KUBELET_VERSION, NodeAgent, with_times
-from pykubelet.options import Options
-from pykubelet.status_sync import StatusSync, Target, api_status, status_patch
+from pykubelet.client.kubeapi import KubeApi
+from pykubelet.cluster.node import KUBELET_VERSION, NodeAgent, with_times
+from pykubelet.common.options import Options
+from pykubelet.status.patcher import StatusSync, Target, api_status, status_patch
 from tests.fixtures.apiserver import ApiServer
 
 Obj = dict[str, Any]

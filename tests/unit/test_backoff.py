@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from pykubelet.backoff import Backoff
+from pykubelet.pod.backoff import Backoff
 
 
 class Clock:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pykubelet import config_file
-from pykubelet.cli import parse_options
+from pykubelet.cmd import config_file
+from pykubelet.cmd.cli import parse_options
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pykubelet.api.model import Pod
-from pykubelet.cli import make_runtime, parse_options
+from pykubelet.cmd.cli import make_runtime, parse_options
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
@@ -24,10 +24,10 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     StartError,
 )
-from pykubelet.runtime.cri import CriRuntime, linux_resources, oom_score_adj
-from pykubelet.runtime.cri_log import CriLogDecoder, decode_records, tail_start
-from pykubelet.runtime.cri_proto import cri_api_pb2 as api
-from pykubelet.runtime.docker import DockerRuntime
+from pykubelet.runtime.cri.log import CriLogDecoder, decode_records, tail_start
+from pykubelet.runtime.cri.proto import cri_api_pb2 as api
+from pykubelet.runtime.cri.runtime import CriRuntime, linux_resources, oom_score_adj
+from pykubelet.runtime.docker.runtime import DockerRuntime
 from tests.conftest import Containerd
 
 pytestmark = pytest.mark.cri

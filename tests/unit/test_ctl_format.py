@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from pykubelet.ctl import print_pods
-from pykubelet.present import human_duration, pod_status_reason
+from pykubelet.cmd.ctl import print_pods
+from pykubelet.server.present import human_duration, pod_status_reason
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 

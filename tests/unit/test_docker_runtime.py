@@ -27,8 +27,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     StartError,
 )
-from pykubelet.runtime.docker import DockerRuntime
-from pykubelet.runtime.docker_engine import (
+from pykubelet.runtime.docker.engine import (
     LABEL_TYPE,
     LogDemuxer,
     container_body,
@@ -38,6 +37,7 @@ from pykubelet.runtime.docker_engine import (
     sandbox_body,
     tail_offset,
 )
+from pykubelet.runtime.docker.runtime import DockerRuntime
 
 TIMEOUT = 5.0
 

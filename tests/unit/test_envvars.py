@@ -5,7 +5,7 @@ from fractions import Fraction
 import pytest
 
 from pykubelet.api.decode import decode_pod
-from pykubelet.envvars import (
+from pykubelet.pod.envvars import (
     Allocatable,
     ApiObjects,
     EnvError,

@@ -8,9 +8,9 @@ import os
 import time
 from pathlib import Path
 
+from pykubelet.common.events import EventRecorder
 from pykubelet.config.file import FileSource, ManifestDirectory, is_manifest_name
 from pykubelet.config.types import Op, PodUpdate
-from pykubelet.events import EventRecorder
 
 
 def manifest(name: str, image: str = "busybox") -> str:

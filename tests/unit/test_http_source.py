@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from pykubelet.common.events import EventRecorder
+from pykubelet.common.metrics import REGISTRY
 from pykubelet.config.http import FAILED_FETCH, HttpSource, ManifestBody, redact
 from pykubelet.config.types import HTTP_SOURCE, Op, PodUpdate
-from pykubelet.events import EventRecorder
-from pykubelet.metrics import REGISTRY
 from tests.tls import make_tls
 
 NODE = "n1"

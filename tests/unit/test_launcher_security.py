@@ -15,7 +15,7 @@ import pytest
 
 from pykubelet.runtime.base import Mount as VolumeMount
 from pykubelet.runtime.base import RuntimeContainer, RuntimeFailure, StartError
-from pykubelet.runtime.process import ProcessRuntime
+from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.unit.test_process_launcher import with_
 from tests.unit.test_process_runtime import config, new_pod, sh, wait_exited, wait_log
 
@@ -37,7 +37,7 @@ async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
 
 @contextlib.contextmanager
 def tmpfs(path: Path) -> Iterator[Path]:
-    """A tmpfs mounted on the host, as pykubelet.volumes mounts Secret volumes."""
+    """A tmpfs mounted on the host, as pykubelet.pod.volumes mounts Secret volumes."""
     path.mkdir(parents=True, exist_ok=True)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", 0, b"size=1m") != 0:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import logging
 
-from pykubelet.logs import JsonFormatter, LogfmtFormatter, TextFormatter
+from pykubelet.cmd.logs import JsonFormatter, LogfmtFormatter, TextFormatter
 
 
 def record(msg: str, **fields: str) -> logging.LogRecord:

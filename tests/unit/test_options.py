@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from pykubelet.cli import parse_options
-from pykubelet.options import format_duration, parse_duration
+from pykubelet.cmd.cli import parse_options
+from pykubelet.common.options import format_duration, parse_duration
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ import asyncio
 from pathlib import Path
 
 from pykubelet.api.model import Pod
-from pykubelet.pleg import PLEG, EventType
+from pykubelet.kubelet.pleg import PLEG, EventType
 from pykubelet.runtime.base import ContainerConfig
-from pykubelet.runtime.process import ProcessRuntime
+from pykubelet.runtime.process.runtime import ProcessRuntime
 
 
 def pod() -> Pod:

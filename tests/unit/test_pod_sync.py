@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from pykubelet.api.model import Pod
-from pykubelet.envvars import Allocatable
-from pykubelet.events import EventRecorder
-from pykubelet.handlers import ActionRunner
-from pykubelet.pod_sync import PodSync
-from pykubelet.pod_workers import UpdateType
-from pykubelet.prober import ProbeManager
+from pykubelet.common.events import EventRecorder
+from pykubelet.pod.envvars import Allocatable
+from pykubelet.pod.sync import PodSync
+from pykubelet.pod.volumes import VolumeManager
+from pykubelet.pod.workers import UpdateType
+from pykubelet.probes.handlers import ActionRunner
+from pykubelet.probes.prober import ProbeManager
 from pykubelet.runtime.base import ContainerRunState
-from pykubelet.runtime.process import ProcessRuntime
-from pykubelet.status import StatusManager
-from pykubelet.volumes import VolumeManager
+from pykubelet.runtime.process.runtime import ProcessRuntime
+from pykubelet.status.manager import StatusManager
 
 
 def pod(script: str) -> Pod:

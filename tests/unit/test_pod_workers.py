@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from pykubelet.api.model import Pod
-from pykubelet.pod_workers import PodWorkers, SyncResult, UpdateType, WorkerState
+from pykubelet.pod.workers import PodWorkers, SyncResult, UpdateType, WorkerState
 
 
 def make_pod(name: str, uid: str, image: str = "i") -> Pod:

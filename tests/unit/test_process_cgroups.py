@@ -13,8 +13,8 @@ import pytest
 
 from pykubelet.api.quantity import parse_quantity
 from pykubelet.runtime.base import ContainerConfig, ContainerRunState
-from pykubelet.runtime.cgroups import CONTROLLERS, PARENT, Cgroups, Settings
-from pykubelet.runtime.process import UNKNOWN_REASON, ProcessRuntime
+from pykubelet.runtime.process.cgroups import CONTROLLERS, PARENT, Cgroups, Settings
+from pykubelet.runtime.process.runtime import UNKNOWN_REASON, ProcessRuntime
 from pykubelet.runtime.resources import cpu_weight
 from tests.unit.test_process_runtime import (
     config,
@@ -254,7 +254,7 @@ async def test_without_usable_cgroups_containers_start_and_one_warning_is_logged
         await rt.start()
     try:
         pod, sb = await new_pod(rt)
-        with caplog.at_level(logging.WARNING, logger="pykubelet.runtime.cgroups"):
+        with caplog.at_level(logging.WARNING, logger="pykubelet.runtime.process.cgroups"):
             for name in ("a", "b"):
                 c = await rt.start_container(
                     pod, sb, limited(sh("exit 0", name=name), limits={"memory": "64Mi"})

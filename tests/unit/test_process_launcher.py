@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pykubelet.runtime.base import ContainerConfig, ContainerRunState, Mount, StartError
-from pykubelet.runtime.process import ProcessRuntime
+from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.unit.test_process_runtime import (
     config,
     current,
@@ -189,7 +189,7 @@ async def test_launched_container_is_adopted_after_a_restart(tmp_path: Path) -> 
 async def test_unprivileged_agent_refuses_mounts_and_users(
     rt: ProcessRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pykubelet.runtime import process
+    from pykubelet.runtime.process import runtime as process
 
     monkeypatch.setattr(process, "_effective_capabilities", lambda: 0)
     pod, sb = await new_pod(rt)

@@ -20,7 +20,6 @@ import pytest
 
 import pykubelet
 from pykubelet.api.model import Pod
-from pykubelet.runtime import statefile
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
@@ -29,11 +28,12 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
     StartError,
 )
-from pykubelet.runtime.process import (
+from pykubelet.runtime.process.runtime import (
     UNKNOWN_EXIT_CODE,
     UNKNOWN_MESSAGE,
     UNKNOWN_REASON,
     ProcessRuntime,
+    statefile,
 )
 
 TIMEOUT = 15.0
@@ -465,7 +465,7 @@ import asyncio, json, sys
 from pathlib import Path
 from pykubelet.api.model import Pod
 from pykubelet.runtime.base import ContainerConfig
-from pykubelet.runtime.process import ProcessRuntime
+from pykubelet.runtime.process.runtime import ProcessRuntime
 
 async def main() -> None:
     root, wd = Path(sys.argv[1]), sys.argv[2]
@@ -595,7 +595,7 @@ async def test_corrupt_state_files_are_skipped(
     (broken / "sandbox.json").write_text("")
 
     b = ProcessRuntime(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="pykubelet.runtime.process"):
+    with caplog.at_level(logging.WARNING, logger="pykubelet.runtime.process.runtime"):
         await b.start()
     assert sum("corrupt state file" in r.getMessage() for r in caplog.records) == 3
     got = await b.get_pod(pod.uid)

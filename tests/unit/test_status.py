@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 import pytest
 
 from pykubelet.api.model import Pod
+from pykubelet.api.qos import qos_class
 from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod, RuntimeSandbox
-from pykubelet.status import Waiting, compute_pod_status, qos_class
+from pykubelet.status.generate import Waiting, compute_pod_status
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

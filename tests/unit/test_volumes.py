@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from pykubelet.api.model import Pod
-from pykubelet.envvars import Allocatable, ApiObjects
+from pykubelet.pod.envvars import Allocatable, ApiObjects
+from pykubelet.pod.volumes import VolumeError, VolumeManager, host_path_allowed
 from pykubelet.runtime.base import Mount
-from pykubelet.volumes import VolumeError, VolumeManager, host_path_allowed
 
 NODE = Allocatable(cpu=Fraction(4), memory=8 << 30, ephemeral_storage=100 << 30)
 ROOT = os.geteuid() == 0

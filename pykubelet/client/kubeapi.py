@@ -1,0 +1,270 @@
+"""The one client of the Kubernetes API server: every request of the agent goes through here.
+
+`KubeApi` wraps `kubernetes.aio` (the official client's asyncio API; untyped, so this is the
+typed boundary). Requests go through its ApiClient (configuration, auth, TLS) with JSON in and
+out as plain dicts: the generated models would re-serialise a MicroTime such as a Lease's
+renewTime without its six fractional digits, which a real API server rejects. The watch is the
+client's `Watch`, which asks for bookmarks and surfaces a 410 as an exception. Every request
+first takes a token from one bucket (the kubelet's defaults: 50 per second, bursts of 100).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pykubelet import __version__
+from pykubelet.client.throttle import RateLimiter
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+REQUEST_TIMEOUT = 30.0
+# A watch that carries nothing, not even a bookmark (an API server sends one about every minute),
+# for this long is taken for a dead connection (half-open: no reset ever comes) and resumed.
+WATCH_IDLE_TIMEOUT = 150.0
+
+
+class ApiError(Exception):
+    """A failed API call. `status` 0: no answer (refused, reset, timed out, TLS)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def unreachable(self) -> bool:
+        return self.status == 0
+
+
+class ConfigError(Exception):
+    """The kubeconfig (or the in-cluster configuration) cannot be used."""
+
+
+def _status_error(status: int, raw: bytes) -> ApiError:
+    try:
+        body = json.loads(raw) if raw else {}
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    reason = str(body.get("reason") or "")
+    message = str(body.get("message") or raw[:200].decode(errors="replace").strip())
+    return ApiError(status, reason, message)
+
+
+def _transport_error(exc: BaseException) -> ApiError:
+    if isinstance(exc, TimeoutError):
+        return ApiError(0, "Timeout", "no answer in time")
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return ApiError(0, "Broken", "the connection broke in the middle of an answer")
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return ApiError(0, "Unreachable", text)
+
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+
+
+# --- the client ---------------------------------------------------------------------------------
+
+
+def _load_configuration(kubeconfig: Path) -> Any:
+    """Build the client's configuration; runs in a worker thread (it reads files)."""
+    kube_config: Any = importlib.import_module("kubernetes.aio.config")
+    client: Any = importlib.import_module("kubernetes.aio.client")
+    cfg = client.Configuration()
+    try:
+        if str(kubeconfig) in ("", "."):
+            # An empty --kubeconfig, as client-go: the pod's service account.
+            kube_config.load_incluster_config(client_configuration=cfg)
+        else:
+            if not kubeconfig.is_file():
+                raise ConfigError(f"{kubeconfig}: no such file")
+            asyncio.run(
+                kube_config.load_kube_config(
+                    config_file=str(kubeconfig), client_configuration=cfg, persist_config=False
+                )
+            )
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"{kubeconfig or 'in-cluster config'}: {exc}") from None
+    return cfg
+
+
+def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, Any]:
+    kube: Any = importlib.import_module("kubernetes.aio.client")
+    kube_watch: Any = importlib.import_module("kubernetes.aio.watch")
+    client = kube.ApiClient(cfg)  # builds the SSL context: reads CA files
+    client.user_agent = user_agent
+    core = kube.CoreV1Api(client)
+    # The Watch decodes with an ApiClient of its own (the default configuration; never used
+    # for requests). Built here, off the event loop, once.
+    watcher = kube_watch.Watch(return_type="object")
+    return client, core, watcher
+
+
+class KubeApi:
+    """The API calls of the cluster mode, typed: JSON objects in and out."""
+
+    def __init__(
+        self, client: Any, core: Any, watcher: Any, host: str, qps: float = 50, burst: int = 100
+    ) -> None:
+        self._client = client
+        self._core = core
+        self._watch = watcher
+        self.host = host
+        self.limiter = RateLimiter(qps, burst)
+        self._watching = False
+
+    @classmethod
+    async def connect(cls, kubeconfig: Path, node_name: str) -> KubeApi:
+        """Load the configuration (in a thread: file reads, maybe an exec plugin)."""
+        cfg = await asyncio.to_thread(_load_configuration, kubeconfig)
+        agent = f"pykubelet/{__version__} (linux) node/{node_name}"
+        client, core, watcher = await asyncio.to_thread(_build_client, cfg, agent)
+        return cls(client, core, watcher, str(cfg.host))
+
+    async def close(self) -> None:
+        try:
+            await self._client.close()
+            await self._watch.close()
+        except Exception:
+            log.debug("closing the API client failed", exc_info=True)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Iterable[tuple[str, Any]] = (),
+        body: Any = None,
+        content_type: str = "application/json",
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> Obj:
+        await self.limiter.acquire()
+        try:
+            params = await self._client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list(query),
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = await self._client.call_api(*params, _request_timeout=request_timeout)
+            raw: bytes = await resp.read()
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc) from None
+        status = int(resp.status)
+        if status >= 400:
+            raise _status_error(status, raw)
+        if not raw:
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise ApiError(status, "BadResponse", "the answer is not JSON") from None
+        return data if isinstance(data, dict) else {}
+
+    async def get(self, path: str) -> Obj:
+        return await self.request("GET", path)
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        return await self.request("POST", path, body=body)
+
+    async def replace(self, path: str, body: Obj) -> Obj:
+        return await self.request("PUT", path, body=body)
+
+    async def patch(self, path: str, body: Obj, kind: str = "strategic") -> Obj:
+        content_type = {
+            "strategic": "application/strategic-merge-patch+json",
+            "merge": "application/merge-patch+json",
+        }[kind]
+        return await self.request("PATCH", path, body=body, content_type=content_type)
+
+    async def delete(self, path: str, grace: int | None = None, uid: str | None = None) -> Obj:
+        options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        query: list[tuple[str, Any]] = []
+        if grace is not None:
+            options["gracePeriodSeconds"] = grace
+            query.append(("gracePeriodSeconds", grace))
+        if uid is not None:
+            options["preconditions"] = {"uid": uid}
+        return await self.request("DELETE", path, query=query, body=options)
+
+    async def list_pods(self, field_selector: str, limit: int, cont: str | None) -> Obj:
+        query: list[tuple[str, Any]] = [("fieldSelector", field_selector), ("limit", limit)]
+        if cont:
+            query.append(("continue", cont))
+        return await self.request("GET", "/api/v1/pods", query=query, request_timeout=60.0)
+
+    async def watch_pods(
+        self,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> AsyncIterator[Obj]:
+        """The watch events (`type`, `object` as a dict); ends when the server ends the stream.
+
+        Raises ApiError: 410 when the version is too old; 0 when the connection broke or was
+        silent for `idle_timeout`; reason "TooLong" for an event over the client's line buffer
+        (2 MiB reads; a line of about 4 MiB fails), as resuming would hit it again: re-list.
+        """
+        exceptions: Any = importlib.import_module("kubernetes.aio.client.exceptions")
+        api_exception: type[Exception] = exceptions.ApiException
+        assert not self._watching, "one pod watch at a time"
+        await self.limiter.acquire()
+        self._watching = True
+        watcher = self._watch
+        stream = watcher.stream(
+            self._core.list_pod_for_all_namespaces,
+            field_selector=field_selector,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=timeout_seconds,
+            # The client's own deadline for the whole stream (300 s by default): past the
+            # server's, so a half-open connection is noticed without cutting a healthy one.
+            _request_timeout=float(timeout_seconds + 30),
+        )
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(idle_timeout):
+                        event = await stream.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise ApiError(
+                        0, "Idle", f"no event or bookmark for {idle_timeout:g}s"
+                    ) from None
+                except api_exception as exc:
+                    status = int(getattr(exc, "status", 0) or 0)
+                    raise ApiError(status, str(getattr(exc, "reason", "") or ""), "watch") from None
+                except ValueError:
+                    raise ApiError(0, "TooLong", "a watch event too long for the client") from None
+                except _TRANSPORT_ERRORS as exc:
+                    raise _transport_error(exc) from None
+                if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
+                    resp = watcher.resp
+                    status = int(resp.status) if resp is not None else 0
+                    raise ApiError(
+                        status,
+                        "BadResponse",
+                        f"not a watch event: {' '.join(str(event).split())[:200]}",
+                    )
+                yield {"type": str(event.get("type", "")), "object": event["raw_object"]}
+        finally:
+            self._watching = False
+            await watcher.close()

@@ -1,0 +1,348 @@
+"""The Node object of this agent: registration, the Lease heartbeat and the node status.
+
+As the kubelet:
+- registration creates the Node (`--node-name`) with its labels and status; if it exists
+  already (a restart), its status is patched instead. Retried until it works.
+- the heartbeat is the Lease `kube-node-lease/<node>` (coordination.k8s.io/v1), renewed every
+  10 s with an optimistic update (a conflict re-reads it); the node controller marks the node
+  NotReady when it is not renewed for its 40 s duration.
+- the node status (capacity, allocatable, addresses, nodeInfo, conditions) is computed every
+  10 s and patched when it changed, and at least every minute (the kubelet's
+  nodeStatusReportFrequency is 5 minutes; a minute is the issue's choice). Ready is False while
+  the agent reports a health problem (the PLEG or the sync loop stuck), with that problem as
+  its message.
+
+Capacity: cpu is the CPUs this process may use, memory MemTotal, pods `--max-pods`,
+ephemeral-storage the size of the file system of `--root-dir`. Allocatable equals capacity: no
+resources are reserved for the system yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pykubelet import __version__
+from pykubelet.client.kubeapi import ApiError, KubeApi
+from pykubelet.client.throttle import Failures, Retry
+from pykubelet.common.machine import MachineFacts, read_machine_facts
+
+if TYPE_CHECKING:
+    from pykubelet.kubelet.kubelet import Kubelet
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+LEASE_NAMESPACE = "kube-node-lease"
+LEASE_DURATION_SECONDS = 40
+LEASE_PERIOD = 10.0  # the kubelet renews at a quarter of the duration
+STATUS_PERIOD = 10.0  # the kubelet's nodeStatusUpdateFrequency
+STATUS_REPORT_PERIOD = 60.0
+KUBELET_VERSION = f"v{__version__}-pykubelet"
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_time(when: datetime) -> str:
+    # A MicroTime needs exactly six fractional digits (Go's RFC3339Micro), or it is rejected.
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def node_labels(node_name: str, arch: str) -> dict[str, str]:
+    return {
+        "kubernetes.io/hostname": node_name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": arch,
+        "beta.kubernetes.io/os": "linux",
+        "beta.kubernetes.io/arch": arch,
+    }
+
+
+def _condition(type_: str, ok: bool, reason: str, message: str) -> Obj:
+    return {
+        "type": type_,
+        "status": "True" if ok else "False",
+        "reason": reason,
+        "message": message,
+    }
+
+
+def node_status(
+    facts: MachineFacts,
+    host_ip: str,
+    max_pods: int,
+    runtime: str,
+    problems: list[str],
+) -> Obj:
+    """The status without its times (those are added when it is reported)."""
+    capacity = {
+        "cpu": str(facts.cpus),
+        "memory": f"{facts.memory_kib}Ki",
+        "pods": str(max_pods),
+        "ephemeral-storage": str(facts.storage_bytes),
+    }
+    ready = not problems
+    conditions = [
+        _condition("MemoryPressure", False, "KubeletHasSufficientMemory",
+                   "kubelet has sufficient memory available"),
+        _condition("DiskPressure", False, "KubeletHasNoDiskPressure",
+                   "kubelet has no disk pressure"),
+        _condition("PIDPressure", False, "KubeletHasSufficientPID",
+                   "kubelet has sufficient PID available"),
+        _condition("Ready", ready, "KubeletReady" if ready else "KubeletNotReady",
+                   "kubelet is posting ready status" if ready else "; ".join(problems)),
+    ]  # fmt: skip
+    return {
+        "capacity": capacity,
+        "allocatable": dict(capacity),
+        "addresses": [
+            {"type": "InternalIP", "address": host_ip},
+            {"type": "Hostname", "address": facts.hostname},
+        ],
+        "nodeInfo": {
+            "machineID": facts.machine_id,
+            "systemUUID": facts.system_uuid,
+            "bootID": facts.boot_id,
+            "kernelVersion": facts.kernel,
+            "osImage": facts.os_image,
+            "containerRuntimeVersion": f"{runtime}://{__version__}",
+            "kubeletVersion": KUBELET_VERSION,
+            "operatingSystem": "linux",
+            "architecture": facts.arch,
+        },
+        "conditions": conditions,
+    }
+
+
+def with_times(status: Obj, previous: Obj | None, now: datetime) -> Obj:
+    """Add heartbeat times to the conditions; a transition time changes only with the status."""
+    before = {c["type"]: c for c in (previous or {}).get("conditions", [])}
+    out = dict(status)
+    conditions = []
+    for cond in status["conditions"]:
+        old = before.get(cond["type"])
+        since = (
+            old["lastTransitionTime"]
+            if old is not None
+            and old.get("status") == cond["status"]
+            and old.get("lastTransitionTime")
+            else _rfc3339(now)
+        )
+        conditions.append({**cond, "lastHeartbeatTime": _rfc3339(now), "lastTransitionTime": since})
+    out["conditions"] = conditions
+    return out
+
+
+class NodeAgent:
+    """Registers the node, then keeps its Lease and status fresh."""
+
+    def __init__(
+        self,
+        kubelet: Kubelet,
+        lease_period: float = LEASE_PERIOD,
+        status_period: float = STATUS_PERIOD,
+        report_period: float = STATUS_REPORT_PERIOD,
+    ) -> None:
+        self.kubelet = kubelet
+        self.node_name = kubelet.node_name
+        self.lease_period = lease_period
+        self.status_period = status_period
+        self.report_period = report_period
+        self.registered = asyncio.Event()
+        self.node_uid = ""
+        self._facts: MachineFacts | None = None
+        self._reported: Obj | None = None  # the status last reported, with times
+        self._reported_at = 0.0
+        self._lease: Obj | None = None
+        self.lease_renewals = 0
+        self._lease_failures = Failures(f"renewing the Lease {LEASE_NAMESPACE}/{self.node_name}")
+        self._status_failures = Failures(f"updating the status of node {self.node_name}")
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/nodes/{self.node_name}"
+
+    def _status(self) -> Obj:
+        assert self._facts is not None
+        kl = self.kubelet
+        return node_status(
+            self._facts,
+            kl.host_ip,
+            kl.options.max_pods,
+            kl.runtime.name,
+            kl.health_problems(),
+        )
+
+    def _node(self, status: Obj) -> Obj:
+        assert self._facts is not None
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.node_name,
+                "labels": node_labels(self.node_name, self._facts.arch),
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            },
+            "spec": {},
+            "status": status,
+        }
+
+    async def run(self, api: KubeApi) -> None:
+        self._facts = await asyncio.to_thread(read_machine_facts, self.kubelet.options.root_dir)
+        await self._register(api)
+        await asyncio.gather(self._lease_loop(api), self._status_loop(api))
+
+    # --- registration ---
+
+    async def _register(self, api: KubeApi) -> None:
+        retry = Retry(0.1, 7.0)  # the kubelet's registration back-off
+        failures = Failures(f"registering node {self.node_name}")
+        while True:
+            try:
+                await self._register_once(api)
+                failures.ok()
+                return
+            except ApiError as exc:
+                failures.failed(exc, " (retrying)")
+                await asyncio.sleep(retry.delay())
+            except Exception:
+                log.exception("registering node %s failed unexpectedly", self.node_name)
+                await asyncio.sleep(retry.delay())
+
+    async def _register_once(self, api: KubeApi) -> None:
+        status = with_times(self._status(), None, datetime.now(UTC))
+        try:
+            created = await api.create("/api/v1/nodes", self._node(status))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            existing = await api.get(self.path)
+            self.node_uid = str(existing.get("metadata", {}).get("uid", ""))
+            # Our labels win over stale ones (the kubelet reconciles them the same way).
+            labels = node_labels(self.node_name, self._facts.arch if self._facts else "")
+            await api.patch(self.path, {"metadata": {"labels": labels}})
+            status = with_times(self._status(), existing.get("status"), datetime.now(UTC))
+            updated = await api.patch(f"{self.path}/status", {"status": status})
+            self._reported = updated.get("status", status)
+            log.info("node %s was registered already: status updated", self.node_name)
+        else:
+            self.node_uid = str(created.get("metadata", {}).get("uid", ""))
+            self._reported = created.get("status", status)
+            log.info("registered node %s with the API server at %s", self.node_name, api.host)
+        self._reported_at = asyncio.get_running_loop().time()
+        self.registered.set()
+
+    # --- the Lease ---
+
+    def _owner(self) -> Obj:
+        return {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": self.node_uid}
+
+    def _lease_body(self) -> Obj:
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.node_name,
+                "namespace": LEASE_NAMESPACE,
+                "ownerReferences": [self._owner()],
+            },
+            "spec": {
+                "holderIdentity": self.node_name,
+                "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+                "renewTime": _micro_time(datetime.now(UTC)),
+            },
+        }
+
+    async def renew_lease(self, api: KubeApi) -> None:
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
+        path = f"{base}/{self.node_name}"
+        for _ in range(3):
+            if self._lease is None:
+                try:
+                    self._lease = await api.get(path)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+                    self._lease = await api.create(base, self._lease_body())
+                    self.lease_renewals += 1
+                    return
+            lease = dict(self._lease)
+            lease["spec"] = {
+                **(lease.get("spec") or {}),
+                "holderIdentity": self.node_name,
+                "leaseDurationSeconds": LEASE_DURATION_SECONDS,
+                "renewTime": _micro_time(datetime.now(UTC)),
+            }
+            try:
+                self._lease = await api.replace(path, lease)
+                self.lease_renewals += 1
+                return
+            except ApiError as exc:
+                self._lease = None  # re-read it: changed (409) or gone (404)
+                if exc.status not in (404, 409):
+                    raise
+        raise ApiError(409, "Conflict", "the Lease kept changing under us")
+
+    async def _lease_loop(self, api: KubeApi) -> None:
+        retry = Retry(0.2, self.lease_period)
+        while True:
+            try:
+                await self.renew_lease(api)
+            except ApiError as exc:
+                self._lease_failures.failed(exc, " (retrying)")
+                await asyncio.sleep(retry.delay())
+                continue
+            self._lease_failures.ok()
+            retry.reset()
+            await asyncio.sleep(self.lease_period)
+
+    # --- the status ---
+
+    def _unchanged(self, status: Obj) -> bool:
+        if self._reported is None:
+            return False
+
+        def strip(s: Obj) -> Obj:
+            conditions = [
+                {k: v for k, v in c.items() if k not in ("lastHeartbeatTime", "lastTransitionTime")}
+                for c in s.get("conditions", [])
+            ]
+            keys = ("capacity", "allocatable", "addresses", "nodeInfo")
+            return {**{k: s.get(k) for k in keys}, "conditions": conditions}
+
+        return strip(status) == strip(self._reported)
+
+    async def update_status(self, api: KubeApi, force: bool = False) -> bool:
+        """Patch the status if it changed or is due; True if it was sent."""
+        loop = asyncio.get_running_loop()
+        status = self._status()
+        due = loop.time() - self._reported_at >= self.report_period
+        if not force and not due and self._unchanged(status):
+            return False
+        status = with_times(status, self._reported, datetime.now(UTC))
+        try:
+            updated = await api.patch(f"{self.path}/status", {"status": status})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            log.warning("node %s is gone from the API server: registering it again", self.node_name)
+            self._lease = None
+            await self._register_once(api)
+            return True
+        self._reported = updated.get("status", status)
+        self._reported_at = loop.time()
+        return True
+
+    async def _status_loop(self, api: KubeApi) -> None:
+        while True:
+            await asyncio.sleep(self.status_period)
+            try:
+                await self.update_status(api)
+                self._status_failures.ok()
+            except ApiError as exc:
+                self._status_failures.failed(exc, " (retrying)")

@@ -1,0 +1,392 @@
+"""The `pykubelet` command: kubelet flag names, Go-style durations, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import resource
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import NoReturn
+
+from pykubelet import __version__
+from pykubelet.cmd import config_file, ctl, logs
+from pykubelet.common.options import (
+    DEFAULT_ENDPOINTS,
+    RUNTIMES,
+    Options,
+    default_node_name,
+    parse_duration,
+)
+from pykubelet.runtime.base import Runtime
+
+log = logging.getLogger("pykubelet")
+IO_THREADS = 32
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line a script can show, not argparse's usage dump.
+        self.exit(2, f"pykubelet: error: {message} (see pykubelet --help)\n")
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: must be 0-65535")
+    return value
+
+
+def _header(text: str) -> tuple[str, str]:
+    # Split at the first ':' only: a value may hold ':' (URLs, tokens) (kubernetes#37346).
+    key, sep, value = text.partition(":")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"invalid header {text!r}: expected Key:Value")
+    return key.strip(), value.strip()
+
+
+def _size(text: str) -> int:
+    units = {"": 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2, "g": 1000**3, "gi": 1024**3}
+    number = text.rstrip("kKmMgGiI")
+    unit = text[len(number) :].lower()
+    try:
+        return int(float(number) * units[unit])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: e.g. 10Mi or 1048576") from None
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in {"true", "1", "yes"}:
+        return True
+    if lowered in {"false", "0", "no"}:
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}: use true or false")
+
+
+def _path_list(text: str) -> list[str]:
+    paths = [part.strip() for part in text.split(",") if part.strip()]
+    for path in paths:
+        if not path.startswith("/"):
+            raise argparse.ArgumentTypeError(f"{path!r} is not an absolute path")
+    return paths
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="pykubelet",
+        description="Run Kubernetes pods on this machine from manifest files, the way the "
+        "kubelet does. To look at a running agent: pykubelet get pods | logs POD | "
+        "describe pod NAME | version.",
+    )
+    p.add_argument(
+        "--node-name",
+        "--hostname-override",
+        dest="node_name",
+        default=None,
+        help="this node's name; static pods are named <pod>-<node> (default: the hostname)",
+    )
+    p.add_argument(
+        "--pod-manifest-path",
+        type=Path,
+        help="a manifest file, or a directory of them (*.yaml, *.yml, *.json): static pods",
+    )
+    p.add_argument(
+        "--file-check-frequency",
+        type=_duration,
+        default=20.0,
+        metavar="DURATION",
+        help="how often to re-list the manifest path besides inotify (default 20s)",
+    )
+    p.add_argument("--manifest-url", help="a URL serving pod manifests to run as static pods")
+    p.add_argument(
+        "--manifest-url-header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="KEY:VALUE",
+        help="an HTTP header sent with --manifest-url requests (repeatable)",
+    )
+    p.add_argument(
+        "--http-check-frequency",
+        type=_duration,
+        default=20.0,
+        metavar="DURATION",
+        help="how often --manifest-url is fetched (default 20s)",
+    )
+    p.add_argument(
+        "--manifest-url-max-bytes",
+        type=_size,
+        default=10 * 1024 * 1024,
+        metavar="SIZE",
+        help="the largest manifest body accepted (default 10Mi)",
+    )
+    p.add_argument(
+        "--manifest-url-ca-file",
+        type=Path,
+        metavar="PATH",
+        help="a PEM bundle of CAs trusted for an https --manifest-url (default: the system's)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="PATH",
+        help="join the cluster of this kubeconfig: register the node, run the pods bound to it "
+        "(an empty value: the pod's in-cluster service account)",
+    )
+    p.add_argument(
+        "--root-dir",
+        type=Path,
+        default=Path("/var/lib/pykubelet"),
+        help="where pod state and container logs are kept (default /var/lib/pykubelet)",
+    )
+    p.add_argument(
+        "--container-runtime",
+        default="process",
+        choices=RUNTIMES,
+        help="the backend that runs containers: process (host processes, the default), "
+        "docker (the Docker Engine API: Docker, or Podman's compatible service) or remote "
+        "(a CRI runtime: containerd, CRI-O)",
+    )
+    p.add_argument(
+        "--container-runtime-endpoint",
+        default=None,
+        help="the runtime's socket: docker's Docker Engine API (default "
+        "unix:///var/run/docker.sock) or remote's CRI (default "
+        "unix:///run/containerd/containerd.sock)",
+    )
+    p.add_argument(
+        "--pod-infra-container-image",
+        default="registry.k8s.io/pause:3.10",
+        help="the image of the container holding each pod's namespaces (docker and remote "
+        "runtimes; a CRI runtime may use its own configured one)",
+    )
+    p.add_argument(
+        "--address", default="127.0.0.1", help="address of the read-only API (default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--read-only-port",
+        type=_port,
+        default=10255,
+        help="port of the read-only API; 0 picks a free one and logs it (default 10255)",
+    )
+    p.add_argument(
+        "--sync-frequency",
+        type=_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="how often a running pod is re-synced (default 1m)",
+    )
+    p.add_argument("--node-ip", default=None, help="the IP reported as hostIP (default: detected)")
+    p.add_argument(
+        "--keep-pods-on-exit",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="leave pods running when the agent stops (a restarted agent adopts them); "
+        "by default SIGTERM/SIGINT stop every pod cleanly first",
+    )
+    p.add_argument(
+        "--max-pods",
+        type=int,
+        default=110,
+        help="pods admitted at once; more are rejected with reason OutOfpods (default 110)",
+    )
+    p.add_argument(
+        "--allowed-host-paths",
+        type=_path_list,
+        action="extend",
+        default=[],
+        metavar="PATH[,PATH...]",
+        help="hostPath volumes may use these directories and what is below them (repeatable); "
+        "by default every hostPath volume is refused",
+    )
+    p.add_argument(
+        "--allow-privileged",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="admit pods with privileged containers (default false: they are rejected)",
+    )
+    p.add_argument(
+        "--pod-max-pids",
+        type=int,
+        default=-1,
+        help="processes (pids) each pod may have at once; -1: unlimited (default -1)",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="a KubeletConfiguration file (kubelet.config.k8s.io/v1beta1); flags override it",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        default="text",
+        help="text (default), logfmt or json: one line per record",
+    )
+    p.add_argument("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (0-10)")
+    p.add_argument("--version", action="version", version=f"pykubelet {__version__}")
+    return p
+
+
+def parse_options(argv: Sequence[str]) -> Options:
+    parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    if first.config is not None:
+        # The file's values become the defaults, so a flag given explicitly still wins.
+        try:
+            parser.set_defaults(**config_file.as_flag_defaults(config_file.load(first.config)))
+        except config_file.ConfigFileError as exc:
+            parser.error(f"--config {exc}")
+    ns = parser.parse_args(argv)
+    opts = Options(
+        node_name=ns.node_name or default_node_name(),
+        # Absolute: processes start in directories under the root, and a manifest's path is
+        # part of its pod's UID, which must not depend on where the agent was started.
+        pod_manifest_path=ns.pod_manifest_path.absolute() if ns.pod_manifest_path else None,
+        file_check_frequency=ns.file_check_frequency,
+        root_dir=ns.root_dir.absolute(),
+        container_runtime=ns.container_runtime,
+        address=ns.address,
+        read_only_port=ns.read_only_port,
+        sync_frequency=ns.sync_frequency,
+        kubeconfig=ns.kubeconfig,
+        manifest_url=ns.manifest_url,
+        manifest_url_headers=ns.manifest_url_header,
+        http_check_frequency=ns.http_check_frequency,
+        manifest_url_max_bytes=ns.manifest_url_max_bytes,
+        manifest_url_ca_file=ns.manifest_url_ca_file,
+        container_runtime_endpoint=ns.container_runtime_endpoint,
+        pod_infra_container_image=ns.pod_infra_container_image,
+        node_ip=ns.node_ip,
+        keep_pods_on_exit=ns.keep_pods_on_exit,
+        max_pods=ns.max_pods,
+        allowed_host_paths=ns.allowed_host_paths,
+        allow_privileged=ns.allow_privileged,
+        pod_max_pids=ns.pod_max_pids,
+        log_format=ns.log_format,
+        verbosity=ns.verbosity,
+    )
+    problems = opts.validate()
+    if problems:
+        parser.error(problems[0])
+    return opts
+
+
+def raise_open_file_limit() -> None:
+    """Each running container holds a pidfd: lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def detect_host_ip() -> str:
+    """The first non-loopback IPv4 address of the hostname, else 127.0.0.1."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    except OSError:
+        return "127.0.0.1"
+    for *_, sockaddr in infos:
+        ip = str(sockaddr[0])
+        if not ip.startswith("127."):
+            return ip
+    return "127.0.0.1"
+
+
+def make_runtime(opts: Options, host_ip: str) -> Runtime:
+    endpoint = opts.container_runtime_endpoint or DEFAULT_ENDPOINTS.get(opts.container_runtime, "")
+    if opts.container_runtime == "remote":
+        from pykubelet.runtime.cri.runtime import CriRuntime
+
+        return CriRuntime(endpoint, opts.pod_infra_container_image, opts.root_dir, node_ip=host_ip)
+    if opts.container_runtime == "docker":
+        from pykubelet.runtime.docker.runtime import DockerRuntime
+
+        return DockerRuntime(
+            endpoint,
+            opts.pod_infra_container_image,
+            opts.root_dir,
+            node_ip=host_ip,
+            pod_pids_limit=opts.pod_max_pids,
+        )
+    from pykubelet.runtime.process.runtime import ProcessRuntime
+
+    return ProcessRuntime(opts.root_dir, node_ip=host_ip, pod_pids_limit=opts.pod_max_pids)
+
+
+async def run_agent(opts: Options) -> int:
+    from pykubelet.kubelet.kubelet import Kubelet
+
+    loop = asyncio.get_running_loop()
+    # File I/O (state files with fsync, logs, manifests) runs in this pool: the OS has no async
+    # file API. fsync waits on the disk, not the CPU, so more threads than cores pay off when
+    # hundreds of containers start or stop at once (measured: bench/profile.py).
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="io"))
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("%s: stopping (a second signal exits at once)", sig.name)
+            stop.set()
+            return
+        # The pods that still run keep running; the next agent adopts them.
+        log.warning("%s again: exiting now, without waiting for the pods to stop", sig.name)
+        logging.shutdown()
+        os._exit(128 + sig.value)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    host_ip = opts.node_ip if opts.node_ip else await asyncio.to_thread(detect_host_ip)
+    try:
+        opts.root_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        log.error("--root-dir %s: %s", opts.root_dir, exc.strerror)
+        return 1
+    runtime = make_runtime(opts, host_ip)
+    kubelet = Kubelet(opts, runtime, host_ip)
+    log.info(
+        "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name
+    )
+    try:
+        await kubelet.run(stop)
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    log.info("stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] and args[0] in ctl.COMMANDS:
+        return ctl.main(args)
+    opts = parse_options(args)
+    logs.setup(opts.log_format, opts.verbosity)
+    raise_open_file_limit()
+    return asyncio.run(run_agent(opts))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,617 @@
+"""What one sync of a pod does: drive the runtime towards the spec, then compute the status.
+
+This is the kubelet's SyncPod / computePodActions, written against the runtime interface only,
+so every backend gets the same restart policies, back-off, init-container order and termination.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pykubelet.api.model import Container, Pod
+from pykubelet.api.static import CONFIG_SOURCE
+from pykubelet.common import metrics
+from pykubelet.common.events import EventRecorder, ObjectRef
+from pykubelet.config.types import API_SOURCE
+from pykubelet.pod.backoff import Backoff
+from pykubelet.pod.envvars import (
+    Allocatable,
+    ApiObjects,
+    EnvError,
+    container_env,
+    expand,
+    skipped_env_names,
+)
+from pykubelet.pod.volumes import (
+    NoApiServer,
+    ObjectLookup,
+    VolumeError,
+    VolumeManager,
+    fetch_objects,
+)
+from pykubelet.pod.workers import SyncResult, UpdateType
+from pykubelet.probes.handlers import ActionRunner
+from pykubelet.probes.prober import ProbeManager
+from pykubelet.runtime.base import (
+    ContainerConfig,
+    ContainerRunState,
+    Runtime,
+    RuntimeContainer,
+    RuntimePod,
+    RuntimeSandbox,
+    StartError,
+)
+from pykubelet.status.generate import TERMINAL_PHASES, Waiting, compute_pod_status
+from pykubelet.status.manager import StatusManager
+
+log = logging.getLogger(__name__)
+
+# The kubelet never gives a container less than this to stop, whatever the pod asks.
+MIN_GRACE_SECONDS = 2.0
+DEFAULT_GRACE_SECONDS = 30.0
+
+
+def spec_hash(container: Container) -> str:
+    """A container is restarted when this changes (a spec update of an API pod)."""
+    data = json.dumps(container.to_api(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def default_pull_policy(image: str) -> str:
+    name = image.rsplit("/", 1)[-1]
+    if "@" in name:
+        return "IfNotPresent"
+    tag = name.split(":", 1)[1] if ":" in name else "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
+
+
+def should_restart(policy: str, exit_code: int | None) -> bool:
+    if policy == "Always":
+        return True
+    if policy == "OnFailure":
+        return exit_code != 0
+    return False
+
+
+def grace_seconds(pod: Pod | None, override: float | None) -> float:
+    if override is not None:
+        grace = override
+    elif pod is not None and pod.metadata.deletion_grace_period_seconds is not None:
+        grace = float(pod.metadata.deletion_grace_period_seconds)
+    elif pod is not None:
+        grace = float(pod.spec.termination_grace_period_seconds)
+    else:
+        grace = DEFAULT_GRACE_SECONDS
+    return max(grace, MIN_GRACE_SECONDS)
+
+
+def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
+    field_path = f"spec.containers{{{container}}}" if container else ""
+    return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
+
+
+# How soon a pod whose volumes could not be set up is tried again.
+VOLUME_RETRY_SECONDS = 2.0
+# A kill that interrupted a sync looks this long for a container the sync was starting (the
+# docker and CRI runtimes learn of a new container from the engine's events or a relist).
+STRAGGLER_SECONDS = 3.0
+STRAGGLER_POLL_SECONDS = 0.25
+MAX_STOP_PASSES = 20
+
+
+class _Pass:
+    """What one sync learns on its way: waiting reasons, the earliest back-off end, and the
+    pod's API objects and volume paths (read once per sync)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, Waiting] = {}
+        self.requeue: list[float] = []
+        self.objects = ApiObjects()
+        self.volume_paths: dict[str, str] = {}
+
+
+class SecurityError(Exception):
+    """The container's securityContext cannot be honoured (CreateContainerConfigError)."""
+
+
+@dataclass(frozen=True)
+class Security:
+    run_as_user: int | None
+    run_as_group: int | None
+    supplemental_groups: list[int]
+    read_only_root_filesystem: bool
+    privileged: bool
+
+
+def security_fields(pod: Pod, spec: Container) -> Security:
+    """The container's securityContext merged over the pod's, as ContainerConfig fields."""
+    pod_ctx = pod.spec.security_context
+    ctx = spec.security_context
+    user = ctx.run_as_user if ctx and ctx.run_as_user is not None else None
+    group = ctx.run_as_group if ctx and ctx.run_as_group is not None else None
+    non_root = ctx.run_as_non_root if ctx and ctx.run_as_non_root is not None else None
+    if pod_ctx is not None:
+        user = pod_ctx.run_as_user if user is None else user
+        group = pod_ctx.run_as_group if group is None else group
+        non_root = pod_ctx.run_as_non_root if non_root is None else non_root
+    if non_root:
+        if user == 0:
+            raise SecurityError("container's runAsUser breaks non-root policy")
+        if user is None:
+            # The kubelet would look at the image's USER; pykubelet does not inspect images.
+            raise SecurityError(
+                "container has runAsNonRoot and no runAsUser: pykubelet needs a numeric "
+                "runAsUser to verify it (the image's USER is not inspected)"
+            )
+    return Security(
+        run_as_user=user,
+        run_as_group=group,
+        supplemental_groups=list(pod_ctx.supplemental_groups or []) if pod_ctx else [],
+        read_only_root_filesystem=bool(ctx and ctx.read_only_root_filesystem),
+        privileged=bool(ctx and ctx.privileged),
+    )
+
+
+class PodSync:
+    """Implements the pod workers' PodSyncer against a Runtime."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        statuses: StatusManager,
+        recorder: EventRecorder,
+        host_ip: str,
+        actions: ActionRunner,
+        prober: ProbeManager,
+        volumes: VolumeManager,
+        node: Allocatable,
+    ) -> None:
+        self.runtime = runtime
+        self.volumes = volumes
+        self.node = node
+        # ConfigMaps and Secrets: the API server's, once cluster mode is connected.
+        self.objects: ObjectLookup = NoApiServer()
+        self._last_volumes: dict[str, tuple[ApiObjects, dict[str, str]]] = {}  # uid -> last good
+        self._volume_failures: dict[str, int] = {}  # uid -> failed set-ups in a row
+        self._interrupted: set[str] = set()  # uids whose sync a kill cancelled
+        self.statuses = statuses
+        self.recorder = recorder
+        self.host_ip = host_ip
+        self.actions = actions
+        self.prober = prober
+        self.backoff = Backoff(time.time)
+        self._start_failures: dict[str, tuple[float, Waiting]] = {}
+        self._keys_of_pod: dict[str, set[str]] = {}  # uid -> its back-off keys, to forget them
+        self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
+        # Called once a pod's containers are all stopped (e.g. for the API's final delete).
+        self.terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
+
+    def note_seen(self, uid: str) -> None:
+        """The sync loop saw the pod for the first time: its start latency counts from here."""
+        self._first_seen.setdefault(uid, time.monotonic())
+
+    # --- SyncPod ------------------------------------------------------------------------------
+
+    async def sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
+        try:
+            return await self._sync_pod(update, pod)
+        except asyncio.CancelledError:
+            # A kill cancelled this sync (pod workers): a container it was creating may reach
+            # the runtime's view only after the termination looked. Termination looks longer.
+            self._interrupted.add(pod.uid)
+            raise
+
+    async def _sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
+        uid = pod.uid
+        previous = self.statuses.get(uid)
+        if previous is not None and previous.phase in TERMINAL_PHASES:
+            return SyncResult(terminal=True)
+        runtime_pod = await self.runtime.get_pod(uid)
+        sandbox = runtime_pod.sandbox if runtime_pod is not None else None
+        if sandbox is None or not sandbox.ready:
+            sandbox = await self.runtime.run_sandbox(pod)
+            runtime_pod = await self.runtime.get_pod(uid)
+        instances: dict[str, list[RuntimeContainer]] = defaultdict(list)
+        for c in runtime_pod.containers if runtime_pod else []:
+            instances[c.name].append(c)
+
+        state = _Pass()
+        await self._stop_unknown(pod, instances)
+        mounted = await self._setup_volumes(pod, state)
+        initialized, init_failed = False, False
+        if mounted:
+            initialized, init_failed = await self._sync_init_containers(
+                pod, sandbox, instances, state
+            )
+        if initialized:
+            for spec in pod.spec.containers:
+                await self._sync_container(
+                    pod, sandbox, spec, instances[spec.name], pod.spec.restart_policy, state
+                )
+        runtime_pod = await self.runtime.get_pod(uid)
+        self.prober.sync(pod, runtime_pod)
+        status = compute_pod_status(
+            pod,
+            runtime_pod,
+            state.waiting,
+            previous,
+            self.host_ip,
+            initialized,
+            init_failed,
+            probes=self.prober,
+        )
+        self.statuses.set(uid, status)
+        if (
+            uid in self._first_seen
+            and status.container_statuses
+            and all(c.state.running is not None for c in status.container_statuses)
+        ):
+            metrics.pod_start_duration.observe(time.monotonic() - self._first_seen.pop(uid))
+        if status.phase in TERMINAL_PHASES:
+            self._first_seen.pop(uid, None)
+            return SyncResult(terminal=True)
+        return SyncResult(requeue_after=min(state.requeue) if state.requeue else None)
+
+    async def _setup_volumes(self, pod: Pod, state: _Pass) -> bool:
+        """Read the pod's ConfigMaps and Secrets and prepare its volumes. False: containers
+        cannot start yet (the kubelet's FailedMount; they wait in ContainerCreating).
+
+        Once a pod's volumes were set up, a later failure (its ConfigMap deleted, the API
+        server away) keeps what was mounted: the running pod carries on, as with the kubelet.
+        """
+        uid = pod.uid
+        try:
+            state.objects = await fetch_objects(pod, self.objects)
+            state.volume_paths = await self.volumes.setup(pod, state.objects)
+        except (EnvError, VolumeError) as e:
+            message = str(e)
+            if not isinstance(e, VolumeError):
+                message = f"cannot read the pod's ConfigMaps and Secrets: {message}"
+            self.recorder.record("Warning", "FailedMount", message, _pod_ref(pod))
+            failures = self._volume_failures.get(uid, 0) + 1
+            self._volume_failures[uid] = failures
+            state.requeue.append(min(VOLUME_RETRY_SECONDS * 2 ** (failures - 1), 60.0))
+            last = self._last_volumes.get(uid)
+            if last is not None:
+                state.objects, state.volume_paths = last
+                return True
+            for spec in pod.all_containers():
+                state.waiting[spec.name] = Waiting("ContainerCreating", message)
+            return False
+        self._volume_failures.pop(uid, None)
+        self._last_volumes[uid] = (state.objects, state.volume_paths)
+        return True
+
+    async def _stop_unknown(self, pod: Pod, instances: dict[str, list[RuntimeContainer]]) -> None:
+        known = {c.name for c in pod.all_containers()}
+        for name in [n for n in instances if n not in known]:
+            for c in instances.pop(name):
+                if c.state is ContainerRunState.RUNNING:
+                    await self._stop(pod, None, c, grace_seconds(pod, None))
+                await self.runtime.remove_container(c)
+
+    async def _sync_init_containers(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        instances: dict[str, list[RuntimeContainer]],
+        state: _Pass,
+    ) -> tuple[bool, bool]:
+        """Init containers one at a time, each to exit 0; sidecars count once started.
+
+        Returns (initialized, failed): failed means the pod failed for good (policy Never).
+        """
+        for spec in pod.spec.init_containers:
+            history = instances[spec.name]
+            latest = history[-1] if history else None
+            if spec.restart_policy == "Always":  # a sidecar: started is enough, keep it running
+                await self._sync_container(pod, sandbox, spec, history, "Always", state)
+                if latest is None and spec.name in state.waiting:
+                    return False, False
+                continue
+            if latest is not None and latest.state is ContainerRunState.EXITED:
+                if latest.exit_code == 0:
+                    continue
+                if pod.spec.restart_policy == "Never":
+                    return False, True
+                await self._sync_container(pod, sandbox, spec, history, "OnFailure", state)
+                return False, False
+            if latest is None:
+                await self._sync_container(pod, sandbox, spec, history, "Never", state)
+            return False, False  # running (or just started): wait for it to exit
+        return True, False
+
+    async def _sync_container(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        spec: Container,
+        history: list[RuntimeContainer],
+        policy: str,
+        state: _Pass,
+    ) -> None:
+        latest = history[-1] if history else None
+        wanted_hash = spec_hash(spec)
+        key = self._backoff_key(pod, spec.name, wanted_hash)
+        if latest is None:
+            await self._start(pod, sandbox, spec, 0, wanted_hash, state)
+            return
+        if latest.state in (ContainerRunState.RUNNING, ContainerRunState.CREATED):
+            failed = self.prober.failed_probe(pod, spec, latest.id)
+            if failed is not None:
+                probe = spec.liveness_probe if failed == "liveness" else spec.startup_probe
+                override = probe.termination_grace_period_seconds if probe else None
+                self.recorder.record(
+                    "Normal",
+                    "Killing",
+                    f"Container {spec.name} failed {failed} probe, will be restarted",
+                    _pod_ref(pod, spec.name),
+                )
+                await self._stop(pod, spec, latest, grace_seconds(pod, override))
+                return  # it exited: the restart policy decides at the next sync
+            if latest.spec_hash != wanted_hash:
+                self.recorder.record(
+                    "Normal",
+                    "Killing",
+                    f"Container {spec.name} definition changed, will be restarted",
+                    _pod_ref(pod, spec.name),
+                )
+                await self._stop(pod, spec, latest, grace_seconds(pod, None))
+                await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state)
+                await self._collect_dead(history)
+            return
+        if not should_restart(policy, latest.exit_code):
+            return
+        finished = latest.finished_at.timestamp() if latest.finished_at else time.time()
+        remaining = self.backoff.remaining(key, finished)
+        if remaining > 0:
+            delay = self.backoff.delay_of(key)
+            message = (
+                f"back-off {delay:g}s restarting failed container={spec.name} "
+                f"pod={pod.metadata.name}_{pod.metadata.namespace}({pod.uid})"
+            )
+            state.waiting[spec.name] = Waiting("CrashLoopBackOff", message)
+            state.requeue.append(remaining)
+            self.recorder.record(
+                "Warning",
+                "BackOff",
+                "Back-off restarting failed container",
+                _pod_ref(pod, spec.name),
+            )
+            return
+        if await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state):
+            await self._collect_dead(history)
+
+    async def _start(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        spec: Container,
+        attempt: int,
+        wanted_hash: str,
+        state: _Pass,
+    ) -> bool:
+        key = self._backoff_key(pod, spec.name, wanted_hash)
+        failure = self._start_failures.get(key)
+        if failure is not None:
+            remaining = self.backoff.remaining(key, failure[0])
+            if remaining > 0:
+                waiting = failure[1]
+                if waiting.reason == "ErrImagePull":
+                    # What Kubernetes shows between pull attempts.
+                    waiting = Waiting("ImagePullBackOff", f"Back-off pulling image {spec.image!r}")
+                state.waiting[spec.name] = waiting
+                state.requeue.append(remaining)
+                return False
+        ref = _pod_ref(pod, spec.name)
+        try:
+            env = container_env(
+                pod, spec, self.host_ip, sandbox.ip or self.host_ip, state.objects, self.node
+            )
+            mounts = await self.volumes.container_mounts(pod, spec, state.volume_paths)
+            security = security_fields(pod, spec)
+        except (EnvError, VolumeError, SecurityError) as e:
+            waiting = Waiting("CreateContainerConfigError", str(e))
+            state.waiting[spec.name] = waiting
+            self.backoff.record_start(key)
+            self._start_failures[key] = (time.time(), waiting)
+            state.requeue.append(self.backoff.delay_of(key))
+            self.recorder.record("Warning", "Failed", f"Error: {e}", ref)
+            return False
+        skipped = skipped_env_names(spec, state.objects)
+        if skipped:
+            self.recorder.record(
+                "Warning",
+                "InvalidEnvironmentVariableNames",
+                "Keys [" + ", ".join(skipped) + "] from envFrom were skipped since they are "
+                "considered invalid environment variable names.",
+                ref,
+            )
+        values = dict(env)
+        config = ContainerConfig(
+            name=spec.name,
+            image=spec.image,
+            command=[expand(arg, values) for arg in spec.command],
+            args=[expand(arg, values) for arg in spec.args],
+            env=env,
+            working_dir=spec.working_dir,
+            attempt=attempt,
+            spec_hash=wanted_hash,
+            image_pull_policy=spec.image_pull_policy or default_pull_policy(spec.image),
+            limits={k: str(v) for k, v in spec.resources.limits.items()},
+            requests={k: str(v) for k, v in spec.resources.requests.items()},
+            host_ports=[
+                (p.host_port, p.container_port, p.protocol) for p in spec.ports if p.host_port
+            ],
+            mounts=mounts,
+            run_as_user=security.run_as_user,
+            run_as_group=security.run_as_group,
+            supplemental_groups=security.supplemental_groups,
+            read_only_root_filesystem=security.read_only_root_filesystem,
+            privileged=security.privileged,
+        )
+        try:
+            started = await self.runtime.start_container(pod, sandbox, config)
+        except StartError as exc:
+            waiting = Waiting(exc.reason, exc.message)
+            state.waiting[spec.name] = waiting
+            self.backoff.record_start(key)
+            self._start_failures[key] = (time.time(), waiting)
+            state.requeue.append(self.backoff.delay_of(key))
+            self.recorder.record("Warning", "Failed", f"Error: {exc.message}", ref)
+            return False
+        if attempt > 0 and failure is None:
+            # A restart (not the first start, nor a retry after a failed start, which was
+            # counted when it failed): the next crash waits longer.
+            self.backoff.record_start(key)
+        self._start_failures.pop(key, None)
+        self.recorder.record("Normal", "Started", f"Started container {spec.name}", ref)
+        hook = spec.lifecycle.post_start if spec.lifecycle else None
+        action = hook.handler() if hook else None
+        if action is not None:
+            ok, message = await self.actions.run(
+                action, pod, spec, started, sandbox.ip, grace_seconds(pod, None)
+            )
+            if not ok:
+                # As the kubelet: a failed postStart hook kills the container.
+                self.recorder.record(
+                    "Warning", "FailedPostStartHook", f"PostStartHook failed: {message}", ref
+                )
+                await self.runtime.stop_container(started, grace_seconds(pod, None))
+                state.waiting[spec.name] = Waiting("PostStartHookError", message)
+                return False
+        return True
+
+    async def _stop(
+        self, pod: Pod | None, spec: Container | None, c: RuntimeContainer, seconds: float
+    ) -> None:
+        """Run the preStop hook inside the grace period, then stop with what is left of it."""
+        hook = spec.lifecycle.pre_stop if spec is not None and spec.lifecycle else None
+        action = hook.handler() if hook else None
+        if action is not None and pod is not None and spec is not None:
+            started = time.monotonic()
+            runtime_pod = await self.runtime.get_pod(pod.uid)
+            pod_ip = runtime_pod.sandbox.ip if runtime_pod and runtime_pod.sandbox else None
+            try:
+                async with asyncio.timeout(seconds):
+                    ok, message = await self.actions.run(action, pod, spec, c, pod_ip, seconds)
+            except TimeoutError:
+                ok, message = False, f"did not finish within the grace period ({seconds:g}s)"
+            if not ok:
+                self.recorder.record(
+                    "Warning",
+                    "FailedPreStopHook",
+                    f"PreStopHook failed: {message}",
+                    _pod_ref(pod, spec.name),
+                )
+            seconds = max(seconds - (time.monotonic() - started), MIN_GRACE_SECONDS)
+        await self.runtime.stop_container(c, seconds)
+
+    def _backoff_key(self, pod: Pod, container: str, wanted_hash: str) -> str:
+        # As the kubelet's stable key: a changed spec (a fixed image) starts without back-off.
+        key = f"{pod.uid}/{container}/{wanted_hash}"
+        self._keys_of_pod.setdefault(pod.uid, set()).add(key)
+        return key
+
+    async def _collect_dead(self, history: list[RuntimeContainer]) -> None:
+        """Keep one dead instance per container (its lastState and `--previous` log)."""
+        for c in history[:-1]:
+            if c.state is ContainerRunState.EXITED:
+                await self.runtime.remove_container(c)
+
+    # --- termination --------------------------------------------------------------------------
+
+    async def sync_terminating_pod(self, uid: str, pod: Pod | None, grace: float | None) -> None:
+        interrupted = uid in self._interrupted
+        self._interrupted.discard(uid)
+        # After an interrupted sync, watch a little for a container that was being started.
+        deadline = time.monotonic() + (STRAGGLER_SECONDS if interrupted else 0.0)
+        seconds = grace_seconds(pod, grace)
+        specs = {c.name: c for c in pod.all_containers()} if pod is not None else {}
+        self.prober.remove_pod(uid)
+        runtime_pod = await self.runtime.get_pod(uid)
+        for _ in range(MAX_STOP_PASSES):
+            running = [
+                c
+                for c in (runtime_pod.containers if runtime_pod is not None else [])
+                if c.state in (ContainerRunState.RUNNING, ContainerRunState.CREATED)
+            ]
+            if not running:
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(STRAGGLER_POLL_SECONDS)
+                runtime_pod = await self.runtime.get_pod(uid)
+                continue
+            for c in running:
+                if pod is not None:
+                    self.recorder.record(
+                        "Normal", "Killing", f"Stopping container {c.name}", _pod_ref(pod, c.name)
+                    )
+            results = await asyncio.gather(
+                *(self._stop(pod, specs.get(c.name), c, seconds) for c in running),
+                return_exceptions=True,
+            )
+            # Every stop runs to its end before a failure is raised: the retry must not stop
+            # (and run preStop for) containers that are still stopping.
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            runtime_pod = await self.runtime.get_pod(uid)
+        if pod is not None and runtime_pod is not None:
+            self._refresh_status(pod, runtime_pod)
+        for listener in self.terminated_listeners:
+            await listener(uid, pod)
+
+    async def sync_terminated_pod(self, uid: str, pod: Pod | None, removed: bool) -> None:
+        if removed:
+            self.prober.remove_pod(uid)
+            await self.runtime.remove_pod(uid)
+            await self.volumes.teardown(uid)
+            self._last_volumes.pop(uid, None)
+            self._volume_failures.pop(uid, None)
+            self.statuses.forget(uid)
+            self._first_seen.pop(uid, None)
+            keys = self._keys_of_pod.pop(uid, set())
+            self.backoff.forget(keys)
+            for key in keys:
+                self._start_failures.pop(key, None)
+
+    def on_waiting_for_name(self, pod: Pod, holder_uid: str) -> None:
+        log.info(
+            "pod %s (uid %s) waits for the pod it replaces (uid %s) to terminate",
+            pod.key,
+            pod.uid,
+            holder_uid,
+        )
+
+    def _refresh_status(self, pod: Pod, runtime_pod: RuntimePod | None) -> None:
+        previous = self.statuses.get(pod.uid)
+        if previous is None or runtime_pod is None:
+            return
+        initialized = any(
+            c.type == "Initialized" and c.status == "True" for c in previous.conditions
+        )
+        status = compute_pod_status(pod, runtime_pod, {}, previous, self.host_ip, initialized)
+        if (
+            pod.metadata.deletion_timestamp is not None
+            and pod.metadata.annotations.get(CONFIG_SOURCE) == API_SOURCE
+            and status.phase not in TERMINAL_PHASES
+        ):
+            # As kubelets since 1.27: a deleted API pod whose containers are all stopped ends
+            # in a terminal phase (Succeeded only if every container exited 0), and that is the
+            # status the API server sees before the final delete.
+            codes = [
+                c.state.terminated.exit_code
+                for c in status.container_statuses or []
+                if c.state.terminated is not None
+            ]
+            done = bool(codes) and len(codes) == len(pod.spec.containers)
+            status.phase = "Succeeded" if done and all(code == 0 for code in codes) else "Failed"
+        self.statuses.set(pod.uid, status)

@@ -1,0 +1,498 @@
+"""Pod volumes: each one prepared on the host before the containers start, then bound into them.
+
+A pod's volumes live where the kubelet keeps them, under `--root-dir`:
+
+    <root>/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>/
+    <root>/pods/<uid>/volumes/kubernetes.io~configmap/<name>/
+    <root>/pods/<uid>/volumes/kubernetes.io~secret/<name>/
+    <root>/pods/<uid>/volumes/kubernetes.io~downward-api/<name>/
+
+A hostPath is the host's own path, checked against its `type`. ConfigMap, Secret and downward
+API volumes are written as the kubelet's atomic writer does: the files sit in a timestamped
+directory that a `..data` symlink names, and each top-level entry is a symlink through `..data`,
+so a container never sees half an update. A runtime only binds these paths (`Mount`); which
+backend runs the pod does not matter here.
+
+emptyDir with `medium: Memory` and Secret volumes are tmpfs mounts when the agent is root (a
+Secret never touches the disk, as with the kubelet); without root, Memory is refused and Secrets
+are plain files in a 0700 directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import json
+import logging
+import os
+import shutil
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pykubelet.api.model import Container, DownwardAPIVolumeFile, KeyToPath, Pod, Volume
+from pykubelet.api.quantity import parse_quantity, to_bytes
+from pykubelet.pod.envvars import Allocatable, ApiObjects, EnvError, field_ref_value, resource_value
+from pykubelet.runtime.base import Mount
+
+log = logging.getLogger(__name__)
+
+EMPTY_DIR = "kubernetes.io~empty-dir"
+CONFIG_MAP = "kubernetes.io~configmap"
+SECRET = "kubernetes.io~secret"
+DOWNWARD_API = "kubernetes.io~downward-api"
+DATA_LINK = "..data"
+DEFAULT_MODE = 0o644  # the API's defaultMode (420)
+SUBPATH_MODE = 0o750  # what the kubelet gives a subPath directory it creates
+
+_MNT_DETACH = 2
+
+
+class VolumeError(Exception):
+    """A volume cannot be set up: the pod's containers wait (event FailedMount)."""
+
+
+class ObjectLookup(Protocol):
+    """Reads ConfigMaps and Secrets of the pod's namespace (the API server, in cluster mode)."""
+
+    async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
+        """The object's data (text) and binaryData (bytes), or None if there is none."""
+        ...
+
+    async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        """The decoded data, or None if there is no such Secret."""
+        ...
+
+
+class NoApiServer:
+    """Without --kubeconfig there are no ConfigMaps or Secrets to read."""
+
+    async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
+        raise EnvError(f'configmap "{name}": no API server (pykubelet runs without --kubeconfig)')
+
+    async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        raise EnvError(f'secret "{name}": no API server (pykubelet runs without --kubeconfig)')
+
+
+def referenced_objects(pod: Pod) -> tuple[set[str], set[str]]:
+    """The names of the ConfigMaps and Secrets the pod's volumes and environment use."""
+    config_maps: set[str] = set()
+    secrets: set[str] = set()
+    for volume in pod.spec.volumes or []:
+        if volume.config_map is not None:
+            config_maps.add(volume.config_map.name)
+        if volume.secret is not None:
+            secrets.add(volume.secret.secret_name)
+    for container in pod.all_containers():
+        for var in container.env:
+            source = var.value_from
+            if source is not None and source.config_map_key_ref is not None:
+                config_maps.add(source.config_map_key_ref.name)
+            if source is not None and source.secret_key_ref is not None:
+                secrets.add(source.secret_key_ref.name)
+        for env_from in container.env_from or []:
+            if env_from.config_map_ref is not None:
+                config_maps.add(env_from.config_map_ref.name)
+            if env_from.secret_ref is not None:
+                secrets.add(env_from.secret_ref.name)
+    return config_maps, secrets
+
+
+async def fetch_objects(pod: Pod, lookup: ObjectLookup) -> ApiObjects:
+    """Every ConfigMap and Secret the pod refers to, read once per sync."""
+    config_maps, secrets = referenced_objects(pod)
+    namespace = pod.metadata.namespace
+    objects = ApiObjects()
+    for name in sorted(config_maps):
+        objects.config_maps[name] = await lookup.config_map(namespace, name)
+    for name in sorted(secrets):
+        objects.secrets[name] = await lookup.secret(namespace, name)
+    return objects
+
+
+def host_path_allowed(path: str, allowed: Iterable[str]) -> bool:
+    """Whether `path` is one of the allowed prefixes or below one (whole path components)."""
+    clean = os.path.normpath(path)
+    for prefix in allowed:
+        root = os.path.normpath(prefix)
+        if clean == root or clean.startswith(root.rstrip("/") + "/"):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Exceeded:
+    volume: str
+    used: int
+    limit: str
+
+
+class VolumeManager:
+    """Sets up, measures and tears down the volumes of the pods on this node."""
+
+    def __init__(
+        self, root_dir: Path, node: Allocatable, allowed_host_paths: Iterable[str] = ()
+    ) -> None:
+        self._dir = root_dir / "pods"
+        self._node = node
+        self._allowed = [os.path.normpath(p) for p in allowed_host_paths]
+        self._root = os.geteuid() == 0
+        self._written: dict[Path, str] = {}  # a volume's directory -> the payload it holds
+
+    def pod_dir(self, uid: str) -> Path:
+        return self._dir / uid
+
+    async def setup(self, pod: Pod, objects: ApiObjects) -> dict[str, str]:
+        """Prepare every volume of the pod; returns each volume's path on the host."""
+        return await asyncio.to_thread(self._setup, pod, objects)
+
+    async def container_mounts(
+        self, pod: Pod, container: Container, paths: dict[str, str]
+    ) -> list[Mount]:
+        """The container's volumeMounts as host paths, subPaths made and checked."""
+        return await asyncio.to_thread(self._mounts, pod, container, paths)
+
+    async def teardown(self, uid: str) -> None:
+        """Unmount what we mounted for the pod and delete its volumes."""
+        await asyncio.to_thread(self._teardown, uid)
+
+    async def pod_uids(self) -> list[str]:
+        """The pods that have volumes on this node (also those of an earlier agent)."""
+        return await asyncio.to_thread(self._pod_uids)
+
+    async def over_limit(self, pod: Pod) -> list[Exceeded]:
+        """The emptyDir volumes that use more than their sizeLimit (the kubelet evicts)."""
+        return await asyncio.to_thread(self._over_limit, pod)
+
+    # --- in a thread ----------------------------------------------------------------------------
+
+    def _setup(self, pod: Pod, objects: ApiObjects) -> dict[str, str]:
+        # Private, as everything under --root-dir: containers reach their volumes by the binds.
+        os.makedirs(self._dir, 0o700, exist_ok=True)
+        paths: dict[str, str] = {}
+        for volume in pod.spec.volumes or []:
+            try:
+                paths[volume.name] = self._setup_one(pod, volume, objects)
+            except OSError as e:
+                raise VolumeError(
+                    f'MountVolume.SetUp failed for volume "{volume.name}": {_os_reason(e)}'
+                ) from e
+            except (EnvError, VolumeError) as e:
+                raise VolumeError(
+                    f'MountVolume.SetUp failed for volume "{volume.name}": {e}'
+                ) from e
+        return paths
+
+    def _volume_dir(self, pod: Pod, plugin: str, name: str) -> Path:
+        return self.pod_dir(pod.uid) / "volumes" / plugin / name
+
+    def _setup_one(self, pod: Pod, volume: Volume, objects: ApiObjects) -> str:
+        if volume.host_path is not None:
+            return self._host_path(volume.host_path.path, volume.host_path.type or "")
+        if volume.empty_dir is not None:
+            path = self._volume_dir(pod, EMPTY_DIR, volume.name)
+            if volume.empty_dir.medium == "Memory":
+                limit = volume.empty_dir.size_limit
+                self._tmpfs(path, 0o777, to_bytes(limit) if limit is not None else None)
+            elif not path.is_dir():
+                path.mkdir(parents=True, exist_ok=True)
+            # As the kubelet: any user of any container may write to an emptyDir.
+            os.chmod(path, 0o777)
+            return str(path)
+        if volume.config_map is not None:
+            source = volume.config_map
+            path = self._volume_dir(pod, CONFIG_MAP, volume.name)
+            data = objects.config_maps.get(source.name)
+            if data is None and not source.optional:
+                raise VolumeError(f'configmap "{source.name}" not found')
+            files = _key_files(
+                {k: v.encode() if isinstance(v, str) else v for k, v in (data or {}).items()},
+                source.items,
+                source.default_mode,
+                source.optional,
+                f"configmap {source.name}",
+            )
+            self._write_atomically(path, files, private=False)
+            return str(path)
+        if volume.secret is not None:
+            secret = volume.secret
+            path = self._volume_dir(pod, SECRET, volume.name)
+            found = objects.secrets.get(secret.secret_name)
+            if found is None and not secret.optional:
+                raise VolumeError(f'secret "{secret.secret_name}" not found')
+            files = _key_files(
+                found or {},
+                secret.items,
+                secret.default_mode,
+                secret.optional,
+                f"secret {secret.secret_name}",
+            )
+            if self._root:
+                self._tmpfs(path, 0o755, None)
+            self._write_atomically(path, files, private=not self._root)
+            return str(path)
+        if volume.downward_api is not None:
+            path = self._volume_dir(pod, DOWNWARD_API, volume.name)
+            downward = {
+                item.path: (
+                    self._downward_value(pod, item),
+                    item.mode if item.mode is not None else volume.downward_api.default_mode,
+                )
+                for item in volume.downward_api.items
+            }
+            self._write_atomically(path, _with_default_mode(downward), private=False)
+            return str(path)
+        raise VolumeError("no volume source")  # validation makes this unreachable
+
+    def _downward_value(self, pod: Pod, item: DownwardAPIVolumeFile) -> bytes:
+        if item.resource_field_ref is not None:
+            ref = item.resource_field_ref
+            return resource_value(pod, ref.container_name or "", ref, self._node).encode()
+        assert item.field_ref is not None  # validation: exactly one of the two
+        field_path = item.field_ref.field_path
+        if field_path in ("metadata.labels", "metadata.annotations"):
+            values = (
+                pod.metadata.labels if field_path == "metadata.labels" else pod.metadata.annotations
+            )
+            # One `key="value"` a line, sorted, the value quoted as Go's %q does.
+            return "\n".join(f"{k}={json.dumps(v)}" for k, v in sorted(values.items())).encode()
+        return field_ref_value(pod, field_path, "", "").encode()
+
+    def _host_path(self, path: str, kind: str) -> str:
+        if self._allowed:
+            real = os.path.realpath(path)
+            if not host_path_allowed(real, self._allowed):
+                raise VolumeError(
+                    f"hostPath {path} resolves to {real}, outside --allowed-host-paths"
+                )
+        if kind == "DirectoryOrCreate" and not os.path.exists(path):
+            os.makedirs(path, 0o755, exist_ok=True)
+        elif kind == "FileOrCreate" and not os.path.exists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            os.close(fd)
+        checks = {
+            "DirectoryOrCreate": (stat.S_ISDIR, "a directory"),
+            "Directory": (stat.S_ISDIR, "a directory"),
+            "FileOrCreate": (stat.S_ISREG, "a file"),
+            "File": (stat.S_ISREG, "a file"),
+            "Socket": (stat.S_ISSOCK, "a socket file"),
+            "CharDevice": (stat.S_ISCHR, "a character device"),
+            "BlockDevice": (stat.S_ISBLK, "a block device"),
+        }
+        if kind in checks:
+            test, what = checks[kind]
+            try:
+                mode = os.stat(path).st_mode
+            except FileNotFoundError:
+                raise VolumeError(f"hostPath type check failed: {path} does not exist") from None
+            if not test(mode):
+                raise VolumeError(f"hostPath type check failed: {path} is not {what}")
+        # What was checked is what gets bound, not a name a link may have moved meanwhile.
+        return os.path.realpath(path) if self._allowed else path
+
+    def _tmpfs(self, path: Path, mode: int, size: int | None) -> None:
+        if os.path.ismount(path):
+            return  # mounted already (also by an agent before this one)
+        if not self._root:
+            raise VolumeError("a memory-backed volume needs root: pykubelet mounts a tmpfs")
+        path.mkdir(parents=True, exist_ok=True)
+        options = f"mode={mode:o}" + (f",size={size}" if size is not None else "")
+        _mount(b"tmpfs", str(path).encode(), b"tmpfs", options.encode())
+
+    def _write_atomically(
+        self, path: Path, files: dict[str, tuple[bytes, int]], *, private: bool
+    ) -> None:
+        payload = json.dumps(
+            {k: [v.hex(), m] for k, (v, m) in sorted(files.items())}, separators=(",", ":")
+        )
+        if self._written.get(path) == payload and (path / DATA_LINK).exists():
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, 0o700 if private else 0o755)
+        stamp = path / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+        stamp.mkdir(0o755)
+        for rel, (content, mode) in files.items():
+            target = stamp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, content)
+                os.fchmod(fd, mode)
+            finally:
+                os.close(fd)
+        previous = os.readlink(path / DATA_LINK) if (path / DATA_LINK).is_symlink() else None
+        temp = path / "..data_tmp"
+        with contextlib.suppress(FileNotFoundError):
+            temp.unlink()
+        temp.symlink_to(stamp.name)
+        os.replace(temp, path / DATA_LINK)
+        top = {rel.split("/", 1)[0] for rel in files}
+        for entry in os.listdir(path):
+            if entry.startswith(".."):
+                continue
+            if entry not in top and (path / entry).is_symlink():
+                (path / entry).unlink()
+        for name in top:
+            link = path / name
+            if not link.is_symlink():
+                link.symlink_to(f"{DATA_LINK}/{name}")
+        if previous is not None and previous != stamp.name:
+            shutil.rmtree(path / previous, ignore_errors=True)
+        self._written[path] = payload
+
+    def _mounts(self, pod: Pod, container: Container, paths: dict[str, str]) -> list[Mount]:
+        volumes = {v.name: v for v in pod.spec.volumes or []}
+        mounts: list[Mount] = []
+        for spec in container.volume_mounts or []:
+            volume = volumes[spec.name]  # validation: every mount names a volume
+            source = paths[spec.name]
+            # As the kubelet: ConfigMap, Secret and downward API volumes are always read-only.
+            read_only = spec.read_only or (volume.host_path is None and volume.empty_dir is None)
+            if spec.sub_path:
+                # As the kubelet: a missing subPath is made in an emptyDir or hostPath, never
+                # in the files of a ConfigMap, Secret or downward API volume.
+                creatable = volume.host_path is not None or volume.empty_dir is not None
+                source = self._sub_path(source, spec.sub_path, spec.name, creatable)
+            mounts.append(Mount(source, spec.mount_path, read_only))
+        return mounts
+
+    def _sub_path(self, volume_path: str, sub_path: str, volume: str, creatable: bool) -> str:
+        """The subPath's real location, checked one component at a time before anything is
+        created: a link a container planted in the volume must not make the agent (root) create
+        or bind anything outside of it (the kubelet's CVE-2017-1002101)."""
+        base = os.path.realpath(volume_path)
+        current = base
+        for part in sub_path.split("/"):
+            if part in ("", "."):
+                continue
+            candidate = os.path.join(current, part)
+            if not os.path.lexists(candidate):
+                if not creatable:
+                    raise VolumeError(f'subPath "{sub_path}" does not exist in volume "{volume}"')
+                with contextlib.suppress(FileExistsError):  # made meanwhile: checked below
+                    os.mkdir(candidate, SUBPATH_MODE)
+            real = os.path.realpath(candidate)
+            if real != base and not real.startswith(base.rstrip("/") + "/"):
+                raise VolumeError(
+                    f'subPath "{sub_path}" of volume "{volume}" resolves to {real}, '
+                    "outside the volume"
+                )
+            current = real
+        return current
+
+    def _teardown(self, uid: str) -> None:
+        pod_dir = self.pod_dir(uid)
+        volumes = pod_dir / "volumes"
+        if volumes.is_dir():
+            for plugin in os.scandir(volumes):
+                for entry in os.scandir(plugin.path):
+                    path = Path(entry.path)
+                    if os.path.ismount(path):
+                        _unmount(str(path).encode())
+                    self._written.pop(path, None)
+        shutil.rmtree(pod_dir, ignore_errors=True)
+
+    def _pod_uids(self) -> list[str]:
+        try:
+            entries = list(os.scandir(self._dir))
+        except FileNotFoundError:
+            return []
+        # Only what this manager made: a directory holding "volumes".
+        return sorted(
+            e.name
+            for e in entries
+            if e.is_dir(follow_symlinks=False) and os.path.isdir(os.path.join(e.path, "volumes"))
+        )
+
+    def _over_limit(self, pod: Pod) -> list[Exceeded]:
+        found: list[Exceeded] = []
+        for volume in pod.spec.volumes or []:
+            empty = volume.empty_dir
+            if empty is None or empty.size_limit is None:
+                continue
+            limit = parse_quantity(empty.size_limit)
+            used = _disk_usage(self._volume_dir(pod, EMPTY_DIR, volume.name))
+            if used > limit:
+                found.append(Exceeded(volume.name, used, str(empty.size_limit)))
+        return found
+
+
+def _with_default_mode(
+    files: dict[str, tuple[bytes, int | None]],
+) -> dict[str, tuple[bytes, int]]:
+    return {k: (v, DEFAULT_MODE if m is None else m) for k, (v, m) in files.items()}
+
+
+def _key_files(
+    data: dict[str, bytes],
+    items: list[KeyToPath] | None,
+    default_mode: int | None,
+    optional: bool | None,
+    what: str,
+) -> dict[str, tuple[bytes, int]]:
+    mode = DEFAULT_MODE if default_mode is None else default_mode
+    if items is None:
+        return {key: (value, mode) for key, value in data.items()}
+    files: dict[str, tuple[bytes, int]] = {}
+    for item in items:
+        if item.key not in data:
+            if optional:
+                continue
+            raise VolumeError(f"{what} references non-existent key: {item.key}")
+        files[item.path] = (data[item.key], mode if item.mode is None else item.mode)
+    return files
+
+
+def _disk_usage(path: Path) -> int:
+    """Bytes of disk the tree uses (blocks, as du counts them), not following links."""
+    total = 0
+    stack = [path]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += info.st_blocks * 512
+            if stat.S_ISDIR(info.st_mode):
+                stack.append(Path(entry.path))
+    return total
+
+
+def _os_reason(e: OSError) -> str:
+    where = f" ({e.filename})" if e.filename else ""
+    return f"{(e.strerror or str(e)).lower()}{where}"
+
+
+_libc: ctypes.CDLL | None = None
+
+
+def _c() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+def _mount(source: bytes, target: bytes, fstype: bytes, options: bytes) -> None:
+    if _c().mount(source, target, fstype, 0, options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype.decode()}: {os.strerror(err)}", target.decode())
+
+
+def _unmount(target: bytes) -> None:
+    if _c().umount2(target, _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOENT):  # not mounted (any more)
+            log.warning("cannot unmount %s: %s", target.decode(), os.strerror(err))

@@ -1,0 +1,235 @@
+"""The read-only HTTP API, as the kubelet's read-only port serves it.
+
+GET /                                       a status page for people (HTML)
+GET /pods                                   v1 PodList of this node's pods with live status
+GET /healthz                                ok
+GET /containerLogs/{namespace}/{pod}/{c}    a container's log
+                                            (tailLines, limitBytes, previous, follow)
+GET /events                                 v1 EventList of recent events
+GET /metrics                                Prometheus metrics
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from pykubelet.api.model import Pod, PodStatus
+from pykubelet.common import metrics
+from pykubelet.common.events import EventRecorder
+from pykubelet.runtime.base import Runtime, RuntimeContainer
+from pykubelet.server import status_page
+
+log = logging.getLogger(__name__)
+
+
+class NodeView(Protocol):
+    """What the server reads from the agent."""
+
+    node_name: str
+    runtime: Runtime
+    recorder: EventRecorder
+
+    def pods_with_status(self) -> list[tuple[Pod, PodStatus | None]]: ...
+
+    def find_pod(self, namespace: str, name: str) -> Pod | None: ...
+
+    def health_problems(self) -> list[str]: ...
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(data, separators=(",", ":")), status=status, content_type="application/json"
+    )
+
+
+def _status_error(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return _json(body, status=code)
+
+
+def _int_param(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"{name}: must be an integer, got {raw!r}\n") from None
+    if value < 0:
+        raise web.HTTPBadRequest(text=f"{name}: must be >= 0\n")
+    return value
+
+
+def _bool_param(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in {"true", "false", "1", "0", ""}:
+        raise web.HTTPBadRequest(text=f"{name}: must be true or false, got {raw!r}\n")
+    return raw in {"true", "1"}
+
+
+def with_status(pod: Pod, status: PodStatus | None) -> Pod:
+    return pod if status is None else pod.model_copy(update={"status": status})
+
+
+class _PodJsonCache:
+    """Each pod's JSON, kept while its spec and status objects stay the same.
+
+    Serialising 1,000 pods on every GET /pods took ~60 ms of the event loop; most polls find
+    nothing changed, and the merger and the status manager only replace objects that changed.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[Pod, PodStatus | None, bytes]] = {}
+
+    def encode(self, pods: list[tuple[Pod, PodStatus | None]]) -> bytes:
+        fresh: dict[str, tuple[Pod, PodStatus | None, bytes]] = {}
+        for pod, status in pods:
+            entry = self._entries.get(pod.uid)
+            if entry is None or entry[0] is not pod or entry[1] is not status:
+                data = json.dumps(with_status(pod, status).to_api(), separators=(",", ":"))
+                entry = (pod, status, data.encode())
+            fresh[pod.uid] = entry
+        self._entries = fresh
+        return b",".join(entry[2] for entry in fresh.values())
+
+
+def build_app(
+    node: NodeView, on_request: Callable[[str, str, int], None] | None = None
+) -> web.Application:
+    pod_json = _PodJsonCache()
+
+    async def pods(request: web.Request) -> web.Response:
+        items = pod_json.encode(node.pods_with_status())
+        body = b'{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[' + items + b"]}"
+        return web.Response(body=body, content_type="application/json")
+
+    async def healthz(request: web.Request) -> web.Response:
+        problems = node.health_problems()
+        if problems:
+            return web.Response(text="\n".join(problems) + "\n", status=500)
+        return web.Response(text="ok")
+
+    async def events(request: web.Request) -> web.Response:
+        items = [e.to_api(node.node_name) for e in node.recorder.events()]
+        return _json({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    async def container_logs(request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info["namespace"]
+        pod_name = request.match_info["pod"]
+        container_name = request.match_info["container"]
+        tail_lines = _int_param(request, "tailLines")
+        limit_bytes = _int_param(request, "limitBytes")
+        previous = _bool_param(request, "previous")
+        follow = _bool_param(request, "follow")
+        pod = node.find_pod(namespace, pod_name)
+        if pod is None:
+            return _status_error(404, "NotFound", f'pod "{namespace}/{pod_name}" not found')
+        if container_name not in {c.name for c in pod.all_containers()}:
+            return _status_error(
+                404,
+                "NotFound",
+                f'container "{container_name}" not found in pod "{namespace}/{pod_name}"',
+            )
+        runtime_pod = await node.runtime.get_pod(pod.uid)
+        history: list[RuntimeContainer] = [
+            c for c in (runtime_pod.containers if runtime_pod else []) if c.name == container_name
+        ]
+        if previous:
+            history = history[:-1]
+        if not history:
+            which = "previous terminated" if previous else "started"
+            return _status_error(
+                400,
+                "BadRequest",
+                f'container "{container_name}" in pod "{namespace}/{pod_name}" has no {which} '
+                "instance yet",
+            )
+        if follow:
+            return await _stream_log(request, node.runtime, history[-1], tail_lines)
+        data = await node.runtime.read_log(history[-1], tail_lines, limit_bytes)
+        return web.Response(body=data, content_type="text/plain", charset="utf-8")
+
+    async def index(request: web.Request) -> web.Response:
+        page = status_page.render(
+            node.node_name,
+            [with_status(pod, status).to_api() for pod, status in node.pods_with_status()],
+            [e.to_api(node.node_name) for e in node.recorder.events()],
+            datetime.now(UTC),
+        )
+        return web.Response(text=page, content_type="text/html")
+
+    async def metrics_view(request: web.Request) -> web.Response:
+        return web.Response(
+            body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE}
+        )
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPException as exc:
+            if on_request:
+                on_request(request.method, request.path, exc.status)
+            raise
+        if on_request:
+            on_request(request.method, request.path, response.status)
+        return response
+
+    app = web.Application(middlewares=[count])
+    app.router.add_get("/", index)
+    app.router.add_get("/pods", pods)
+    app.router.add_get("/pods/", pods)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/events", events)
+    app.router.add_get("/metrics", metrics_view)
+    app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
+    return app
+
+
+async def _stream_log(
+    request: web.Request, runtime: Runtime, container: RuntimeContainer, tail_lines: int | None
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    await response.prepare(request)
+    async with contextlib.aclosing(runtime.follow_log(container, tail_lines)) as chunks:
+        async for chunk in chunks:
+            await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+class ReadOnlyServer:
+    def __init__(self, app: web.Application, address: str, port: int) -> None:
+        # handler_cancellation: a `logs -f` client that goes away ends its handler (and the
+        # follow loop), instead of leaving it polling the log forever.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        self._address = address
+        self._port = port
+        self.url = ""
+
+    async def start(self) -> str:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._address, self._port, reuse_address=True)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

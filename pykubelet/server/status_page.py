@@ -1,0 +1,123 @@
+"""The status page at `/`: the node's pods, their containers and recent events, as HTML.
+
+Plain server-side HTML that reloads itself every few seconds: nothing to build, no script.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from html import escape
+from typing import Any
+
+from pykubelet import __version__
+from pykubelet.server.present import age, human_duration, parse_time, pod_status_reason, restarts
+
+REFRESH_SECONDS = 5
+
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #1d2330; background: #fafbfc; }
+h1 { font-size: 20px; margin: 0 0 .2em; } h2 { font-size: 16px; margin: 1.6em 0 .4em; }
+.sub { color: #667; margin-bottom: 1em; }
+table { border-collapse: collapse; width: 100%; background: #fff; }
+th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid #e3e6ea; }
+td { vertical-align: top; }
+th { background: #f0f2f5; font-weight: 600; }
+.ok { color: #137333; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
+.wait { color: #8a5a00; font-weight: 600; } .dim { color: #778; }
+code { font-size: 12px; }
+"""
+
+_GOOD = {"Running", "Completed", "Succeeded"}
+_BAD_HINTS = ("Error", "BackOff", "Failed", "Out", "Err", "Unknown", "Signal", "ExitCode")
+
+
+def _status_class(status: str) -> str:
+    if status in _GOOD:
+        return "ok"
+    if any(hint in status for hint in _BAD_HINTS):
+        return "bad"
+    return "wait"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _container_state(cs: dict[str, Any]) -> str:
+    state = cs.get("state", {})
+    if "running" in state:
+        return "running"
+    if "terminated" in state:
+        t = state["terminated"]
+        return f"terminated: {t.get('reason', '')} (exit {t.get('exitCode')})"
+    if "waiting" in state:
+        return f"waiting: {state['waiting'].get('reason', '')}"
+    return "unknown"
+
+
+def render(
+    node_name: str, pods: list[dict[str, Any]], events: list[dict[str, Any]], now: datetime
+) -> str:
+    rows = []
+    for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
+        meta, status = pod["metadata"], pod.get("status", {})
+        statuses = status.get("containerStatuses") or []
+        ready = sum(1 for cs in statuses if cs.get("ready"))
+        reason = pod_status_reason(pod)
+        containers = (
+            "<br>".join(
+                f"<code>{escape(cs['name'])}</code> {escape(_container_state(cs))}, "
+                f"{_plural(cs.get('restartCount', 0), 'restart')}"
+                for cs in statuses
+            )
+            or '<span class="dim">none yet</span>'
+        )
+        rows.append(
+            "<tr>"
+            f"<td>{escape(meta['namespace'])}/{escape(meta['name'])}</td>"
+            f"<td>{ready}/{len(pod.get('spec', {}).get('containers') or [])}</td>"
+            f'<td class="{_status_class(reason)}">{escape(reason)}</td>'
+            f"<td>{escape(restarts(pod, now))}</td>"
+            f"<td>{escape(age(pod, now))}</td>"
+            f"<td>{escape(status.get('podIP') or '')}</td>"
+            f"<td>{containers}</td>"
+            "</tr>"
+        )
+    pod_table = (
+        "<table><tr><th>Pod</th><th>Ready</th><th>Status</th><th>Restarts</th><th>Age</th>"
+        "<th>IP</th><th>Containers</th></tr>" + "".join(rows) + "</table>"
+        if rows
+        else '<p class="dim">No pods.</p>'
+    )
+    event_rows = []
+    for e in sorted(events, key=lambda e: e.get("lastTimestamp", ""), reverse=True)[:50]:
+        seen = parse_time(e.get("lastTimestamp"))
+        when = human_duration((now - seen).total_seconds()) if seen else ""
+        obj = e["involvedObject"]
+        target = (
+            f"{obj.get('namespace', '')}/{obj['name']}" if obj.get("namespace") else obj["name"]
+        )
+        kind = "bad" if e["type"] == "Warning" else "dim"
+        count = f" (x{e['count']})" if e.get("count", 1) > 1 else ""
+        event_rows.append(
+            f'<tr><td>{escape(when)}{count}</td><td class="{kind}">{escape(e["type"])}</td>'
+            f"<td>{escape(e['reason'])}</td><td>{escape(obj['kind'])} {escape(target)}</td>"
+            f"<td>{escape(e['message'])}</td></tr>"
+        )
+    event_table = (
+        "<table><tr><th>Age</th><th>Type</th><th>Reason</th><th>Object</th><th>Message</th></tr>"
+        + "".join(event_rows)
+        + "</table>"
+        if event_rows
+        else '<p class="dim">No events.</p>'
+    )
+    return (
+        '<!doctype html><html><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">'
+        f"<title>pykubelet: {escape(node_name)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>Node {escape(node_name)}</h1>"
+        f'<div class="sub">pykubelet {__version__} · {len(pods)} pods · refreshes every '
+        f'{REFRESH_SECONDS}s · <a href="/pods">/pods</a> · <a href="/events">/events</a> · '
+        '<a href="/metrics">/metrics</a></div>'
+        f"<h2>Pods</h2>{pod_table}<h2>Recent events</h2>{event_table}</body></html>"
+    )

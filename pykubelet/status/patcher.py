@@ -1,0 +1,316 @@
+"""Pod status to the API server: a PATCH of `pods/{name}/status` when the computed status changes
+(the kubelet's status manager).
+
+- Each changed status marks its pod; a sync round starts 100 ms after the first mark, so the
+  statuses one sync loop pass changes go out together, and only the latest status of a pod is
+  sent (coalesced). At most 4 patches are in flight; every request takes a token of the API
+  client's rate limiter.
+- The patch is a strategic merge patch against the status the API server has (the answer to our
+  last patch, else the object the watch delivered): only what changed, with `null` for what went
+  away, so a container that went from running to terminated does not keep both states. Lists
+  merge by key (conditions by type, container statuses by name); conditions of types we do not
+  own (the scheduler's, a controller's) are left alone. Times are sent at one-second precision,
+  as the API server stores them.
+- The patch carries `metadata.uid`: a pod deleted and recreated under the same name is not
+  given the old pod's status (409). A conflict re-reads the pod and retries (3 times); a pod
+  that is gone (404) is forgotten; other failures retry with back-off.
+- Static pods have their status written to their mirror pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pykubelet.api.model import PodStatus
+from pykubelet.client.kubeapi import ApiError, KubeApi
+from pykubelet.client.throttle import Failures, Retry
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+BATCH_DELAY = 0.1
+CONCURRENCY = 4
+CONFLICT_RETRIES = 3
+# The status fields the kubelet owns; others (nominatedNodeName, a controller's) are left alone.
+OWNED_FIELDS = (
+    "phase",
+    "conditions",
+    "message",
+    "reason",
+    "hostIP",
+    "hostIPs",
+    "podIP",
+    "podIPs",
+    "startTime",
+    "initContainerStatuses",
+    "containerStatuses",
+    "qosClass",
+)
+LIST_KEYS = {
+    "conditions": "type",
+    "containerStatuses": "name",
+    "initContainerStatuses": "name",
+    "podIPs": "ip",
+    "hostIPs": "ip",
+}
+_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The API pod a status goes to, and the status the API server has."""
+
+    namespace: str
+    name: str
+    uid: str  # the API object's UID (a mirror pod's own for a static pod)
+    status: Obj
+
+
+Resolver = Callable[[str], Target | None]
+
+
+def _normalize(value: Any) -> Any:
+    """As the API server stores it: times at second precision, in UTC."""
+    if isinstance(value, dict):
+        return {k: _normalize(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalize(v) for v in value]
+    if isinstance(value, str) and _TIME.match(value):
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return value
+        return when.strftime("%Y-%m-%dT%H:%M:%SZ") if when.utcoffset() is not None else value
+    return value
+
+
+def api_status(status: PodStatus) -> Obj:
+    return _normalize(status.to_api())  # type: ignore[no-any-return]
+
+
+def _diff_map(old: Any, new: Obj) -> Obj:
+    """The merge patch turning `old` into `new` (maps recurse, the rest is replaced)."""
+    if not isinstance(old, dict):
+        return new
+    patch: Obj = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = _diff_map(before, value)
+        else:
+            patch[key] = value
+    for key in old:
+        if key not in new:
+            patch[key] = None
+    return patch
+
+
+def _diff_list(old: Any, new: list[Any], key: str, delete_missing: bool) -> list[Any] | None:
+    before = {o.get(key): o for o in old if isinstance(o, dict)} if isinstance(old, list) else {}
+    items: list[Any] = []
+    for item in new:
+        prior = before.get(item.get(key))
+        if prior == item:
+            continue
+        items.append({**_diff_map(prior, item), key: item[key]} if prior else item)
+    if delete_missing:
+        wanted = {item.get(key) for item in new}
+        items.extend({key: k, "$patch": "delete"} for k in before if k not in wanted)
+    return items or None
+
+
+def status_patch(base: Obj, new: Obj) -> Obj | None:
+    """The strategic merge patch of the owned status fields; None if nothing changed."""
+    patch: Obj = {}
+    for field in OWNED_FIELDS:
+        before, after = base.get(field), new.get(field)
+        if field == "qosClass" and before:
+            continue  # set by the API server at creation and immutable since 1.32
+        if field in LIST_KEYS and isinstance(after, list):
+            items = _diff_list(before, after, LIST_KEYS[field], field != "conditions")
+            if items is not None:
+                patch[field] = items
+        elif before != after:
+            if isinstance(after, dict):
+                patch[field] = _diff_map(before, after)
+            else:
+                patch[field] = after  # None deletes it
+    return patch or None
+
+
+class StatusSync:
+    """Sends each pod's latest status; `resolve(uid)` says where it goes (None: not yet)."""
+
+    def __init__(
+        self,
+        resolve: Resolver,
+        batch_delay: float = BATCH_DELAY,
+        concurrency: int = CONCURRENCY,
+    ) -> None:
+        self._resolve = resolve
+        self.batch_delay = batch_delay
+        self._latest: dict[str, Obj] = {}  # uid -> the status to have in the API server
+        self._sent: dict[str, tuple[str, Obj]] = {}  # uid -> (API uid, the API's status after)
+        self._dirty: set[str] = set()
+        self._inflight: set[str] = set()
+        self._wake = asyncio.Event()
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._idle = asyncio.Condition()
+        self._failures = Failures("patching pod status")
+        self._retry = Retry(0.5, 10.0)
+        self.patches = 0
+
+    # --- input ---
+
+    def on_status(self, uid: str, status: PodStatus) -> None:
+        self.set(uid, api_status(status))
+
+    def set(self, uid: str, status: Obj) -> None:
+        self._latest[uid] = status
+        self.mark(uid)
+
+    def mark(self, uid: str) -> None:
+        if uid in self._latest:
+            self._dirty.add(uid)
+            self._wake.set()
+
+    def resend(self, uid: str) -> None:
+        """Send the whole status again (its target changed: a mirror pod was recreated)."""
+        self._sent.pop(uid, None)
+        self.mark(uid)
+
+    def forget(self, uid: str) -> None:
+        self._latest.pop(uid, None)
+        self._sent.pop(uid, None)
+        self._dirty.discard(uid)
+
+    def retarget(self) -> None:
+        """The API's view changed: send again what now goes to another object (a mirror pod
+        that appeared or was recreated)."""
+        for uid in self._latest:
+            if uid in self._dirty or uid in self._inflight:
+                continue
+            target = self._resolve(uid)
+            sent = self._sent.get(uid)
+            if target is not None and (sent is None or sent[0] != target.uid):
+                self.mark(uid)
+
+    def known(self) -> list[str]:
+        return list(self._latest)
+
+    def pending(self, uid: str) -> bool:
+        return uid in self._dirty or uid in self._inflight
+
+    # --- sending ---
+
+    async def run(self, api: KubeApi) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self.batch_delay)
+            failed = await self.sync_round(api)
+            if failed:
+                await asyncio.sleep(self._retry.delay())
+                self._wake.set()
+            else:
+                self._retry.reset()
+
+    async def sync_round(self, api: KubeApi) -> bool:
+        """Send every marked status once; True if some must be retried."""
+        uids, self._dirty = list(self._dirty), set()
+        results = await asyncio.gather(*(self._sync_guarded(api, uid) for uid in uids))
+        retry = [uid for uid, ok in zip(uids, results, strict=True) if not ok]
+        self._dirty.update(u for u in retry if u in self._latest)
+        return bool(retry)
+
+    async def _sync_guarded(self, api: KubeApi, uid: str) -> bool:
+        async with self._semaphore:
+            self._inflight.add(uid)
+            try:
+                return await self._sync_one(api, uid)
+            except ApiError as exc:
+                self._failures.failed(exc, " (retrying)")
+                return False
+            except Exception:
+                log.exception("patching the status of pod %s failed unexpectedly", uid)
+                return False
+            finally:
+                self._inflight.discard(uid)
+                async with self._idle:
+                    self._idle.notify_all()
+
+    async def _sync_one(self, api: KubeApi, uid: str) -> bool:
+        for _ in range(CONFLICT_RETRIES):
+            status = self._latest.get(uid)
+            target = self._resolve(uid)
+            if status is None or target is None:
+                return True  # nowhere to send it yet; a resend comes when there is
+            sent = self._sent.get(uid)
+            base = sent[1] if sent is not None and sent[0] == target.uid else target.status
+            patch = status_patch(base, status)
+            if patch is None:
+                self._sent[uid] = (target.uid, base)
+                return True
+            path = f"/api/v1/namespaces/{target.namespace}/pods/{target.name}/status"
+            body = {"metadata": {"uid": target.uid}, "status": patch}
+            try:
+                answer = await api.patch(path, body)
+            except ApiError as exc:
+                if exc.status == 404:
+                    log.debug(
+                        "pod %s/%s is gone: its status is not sent", target.namespace, target.name
+                    )
+                    self._sent.pop(uid, None)
+                    return True
+                if exc.status != 409:
+                    raise
+                # A stale view or another pod under the name: re-read, then decide again.
+                self._sent.pop(uid, None)
+                try:
+                    current = await api.get(
+                        f"/api/v1/namespaces/{target.namespace}/pods/{target.name}"
+                    )
+                except ApiError as err:
+                    if err.status == 404:
+                        return True
+                    raise
+                if current.get("metadata", {}).get("uid") != target.uid:
+                    return True  # not our pod any more
+                self._sent[uid] = (target.uid, current.get("status") or {})
+                continue
+            self.patches += 1
+            self._failures.ok()
+            self._sent[uid] = (target.uid, answer.get("status") or {})
+            return True
+        return False
+
+    async def flush(self, api: KubeApi, uids: list[str] | None = None, within: float = 2.0) -> bool:
+        """Send what is pending now (of `uids`, or all) within `within` seconds; True if all
+        went."""
+        wanted = set(self._latest if uids is None else uids)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within):
+                while True:
+                    # Never two patches of one pod at once: they could land out of order.
+                    async with self._idle:
+                        await self._idle.wait_for(lambda: not wanted & self._inflight)
+                    todo = list(wanted & self._dirty)
+                    if not todo:
+                        return True
+                    self._dirty.difference_update(todo)
+                    results = await asyncio.gather(*(self._sync_guarded(api, u) for u in todo))
+                    failed = [u for u, ok in zip(todo, results, strict=True) if not ok]
+                    self._dirty.update(failed)
+                    if failed:
+                        await asyncio.sleep(0.2)
+        return False
