@@ -34,6 +34,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check pykubelet tests bench
 	$(BIN)/ruff format --check pykubelet tests bench
 	$(BIN)/mypy --strict pykubelet
+	$(BIN)/lint-imports --no-cache
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

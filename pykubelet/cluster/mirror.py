@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pykubelet.api.model import Pod
 from pykubelet.api.static import CONFIG_HASH, CONFIG_MIRROR, CONFIG_SOURCE
@@ -26,9 +26,7 @@ from pykubelet.client.throttle import Failures
 from pykubelet.cluster.node import NodeAgent
 from pykubelet.config.apiserver import ApiSource
 from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE
-
-if TYPE_CHECKING:
-    from pykubelet.kubelet.kubelet import Kubelet
+from pykubelet.kubelet.pod_store import PodView
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +70,14 @@ def mirror_body(pod: Pod, node_name: str, node_uid: str) -> Obj:
 class MirrorPods:
     def __init__(
         self,
-        kubelet: Kubelet,
+        pods: PodView,
         source: ApiSource,
         node: NodeAgent,
+        node_name: str,
         period: float = PERIOD,
     ) -> None:
-        self.kubelet = kubelet
+        self._pods = pods
+        self._node_name = node_name
         self.source = source
         self.node = node
         self.period = period
@@ -91,15 +91,11 @@ class MirrorPods:
         source.add_listener(self._wake.set)
 
     def static_pods(self) -> dict[Key, Pod]:
-        return {
-            (p.metadata.namespace, p.metadata.name): p
-            for p in self.kubelet.pods.values()
-            if is_static(p)
-        }
+        return {(p.metadata.namespace, p.metadata.name): p for p in self._pods if is_static(p)}
 
     def mirror_of(self, static_uid: str) -> Obj | None:
         """The mirror pod showing the static pod `static_uid`, if the API server has it."""
-        pod = self.kubelet.pods.get(static_uid)
+        pod = self._pods.get(static_uid)
         if pod is None or not is_static(pod):
             return None
         obj = self.source.mirror_pods().get((pod.metadata.namespace, pod.metadata.name))
@@ -156,7 +152,7 @@ class MirrorPods:
             del self._created[key]
 
     async def _create(self, api: KubeApi, key: Key, pod: Pod, want: str, now: float) -> None:
-        body = mirror_body(pod, self.kubelet.node_name, self.node.node_uid)
+        body = mirror_body(pod, self._node_name, self.node.node_uid)
         try:
             await api.create(f"/api/v1/namespaces/{key[0]}/pods", body)
         except ApiError as exc:

@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pykubelet import __version__
 from pykubelet.client.kubeapi import ApiError, KubeApi
 from pykubelet.client.throttle import Failures, Retry
-from pykubelet.common.machine import MachineFacts, read_machine_facts
-
-if TYPE_CHECKING:
-    from pykubelet.kubelet.kubelet import Kubelet
+from pykubelet.common.machine import MachineFacts
 
 log = logging.getLogger(__name__)
 
@@ -143,19 +141,28 @@ class NodeAgent:
 
     def __init__(
         self,
-        kubelet: Kubelet,
+        node_name: str,
+        *,
+        host_ip: str,
+        max_pods: int,
+        runtime_name: str,
+        facts: MachineFacts,
+        health_problems: Callable[[], list[str]],
         lease_period: float = LEASE_PERIOD,
         status_period: float = STATUS_PERIOD,
         report_period: float = STATUS_REPORT_PERIOD,
     ) -> None:
-        self.kubelet = kubelet
-        self.node_name = kubelet.node_name
+        self.node_name = node_name
+        self._host_ip = host_ip
+        self._max_pods = max_pods
+        self._runtime_name = runtime_name
+        self._facts = facts
+        self._health_problems = health_problems
         self.lease_period = lease_period
         self.status_period = status_period
         self.report_period = report_period
         self.registered = asyncio.Event()
         self.node_uid = ""
-        self._facts: MachineFacts | None = None
         self._reported: Obj | None = None  # the status last reported, with times
         self._reported_at = 0.0
         self._lease: Obj | None = None
@@ -168,18 +175,15 @@ class NodeAgent:
         return f"/api/v1/nodes/{self.node_name}"
 
     def _status(self) -> Obj:
-        assert self._facts is not None
-        kl = self.kubelet
         return node_status(
             self._facts,
-            kl.host_ip,
-            kl.options.max_pods,
-            kl.runtime.name,
-            kl.health_problems(),
+            self._host_ip,
+            self._max_pods,
+            self._runtime_name,
+            self._health_problems(),
         )
 
     def _node(self, status: Obj) -> Obj:
-        assert self._facts is not None
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -193,7 +197,6 @@ class NodeAgent:
         }
 
     async def run(self, api: KubeApi) -> None:
-        self._facts = await asyncio.to_thread(read_machine_facts, self.kubelet.options.root_dir)
         await self._register(api)
         await asyncio.gather(self._lease_loop(api), self._status_loop(api))
 
@@ -224,7 +227,7 @@ class NodeAgent:
             existing = await api.get(self.path)
             self.node_uid = str(existing.get("metadata", {}).get("uid", ""))
             # Our labels win over stale ones (the kubelet reconciles them the same way).
-            labels = node_labels(self.node_name, self._facts.arch if self._facts else "")
+            labels = node_labels(self.node_name, self._facts.arch)
             await api.patch(self.path, {"metadata": {"labels": labels}})
             status = with_times(self._status(), existing.get("status"), datetime.now(UTC))
             updated = await api.patch(f"{self.path}/status", {"status": status})

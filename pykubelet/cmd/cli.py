@@ -5,29 +5,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import resource
-import signal
-import socket
 import sys
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 
 from pykubelet import __version__
+from pykubelet.app import run_agent
 from pykubelet.cmd import config_file, ctl, logs
 from pykubelet.common.options import (
-    DEFAULT_ENDPOINTS,
     RUNTIMES,
     Options,
     default_node_name,
     parse_duration,
 )
-from pykubelet.runtime.base import Runtime
 
 log = logging.getLogger("pykubelet")
-IO_THREADS = 32
 
 
 class _Parser(argparse.ArgumentParser):
@@ -300,82 +294,6 @@ def raise_open_file_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def detect_host_ip() -> str:
-    """The first non-loopback IPv4 address of the hostname, else 127.0.0.1."""
-    try:
-        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
-    except OSError:
-        return "127.0.0.1"
-    for *_, sockaddr in infos:
-        ip = str(sockaddr[0])
-        if not ip.startswith("127."):
-            return ip
-    return "127.0.0.1"
-
-
-def make_runtime(opts: Options, host_ip: str) -> Runtime:
-    endpoint = opts.container_runtime_endpoint or DEFAULT_ENDPOINTS.get(opts.container_runtime, "")
-    if opts.container_runtime == "remote":
-        from pykubelet.runtime.cri.runtime import CriRuntime
-
-        return CriRuntime(endpoint, opts.pod_infra_container_image, opts.root_dir, node_ip=host_ip)
-    if opts.container_runtime == "docker":
-        from pykubelet.runtime.docker.runtime import DockerRuntime
-
-        return DockerRuntime(
-            endpoint,
-            opts.pod_infra_container_image,
-            opts.root_dir,
-            node_ip=host_ip,
-            pod_pids_limit=opts.pod_max_pids,
-        )
-    from pykubelet.runtime.process.runtime import ProcessRuntime
-
-    return ProcessRuntime(opts.root_dir, node_ip=host_ip, pod_pids_limit=opts.pod_max_pids)
-
-
-async def run_agent(opts: Options) -> int:
-    from pykubelet.kubelet.kubelet import Kubelet
-
-    loop = asyncio.get_running_loop()
-    # File I/O (state files with fsync, logs, manifests) runs in this pool: the OS has no async
-    # file API. fsync waits on the disk, not the CPU, so more threads than cores pay off when
-    # hundreds of containers start or stop at once (measured: bench/profile.py).
-    loop.set_default_executor(ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="io"))
-    stop = asyncio.Event()
-
-    def on_signal(sig: signal.Signals) -> None:
-        if not stop.is_set():
-            log.info("%s: stopping (a second signal exits at once)", sig.name)
-            stop.set()
-            return
-        # The pods that still run keep running; the next agent adopts them.
-        log.warning("%s again: exiting now, without waiting for the pods to stop", sig.name)
-        logging.shutdown()
-        os._exit(128 + sig.value)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-    host_ip = opts.node_ip if opts.node_ip else await asyncio.to_thread(detect_host_ip)
-    try:
-        opts.root_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        log.error("--root-dir %s: %s", opts.root_dir, exc.strerror)
-        return 1
-    runtime = make_runtime(opts, host_ip)
-    kubelet = Kubelet(opts, runtime, host_ip)
-    log.info(
-        "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name
-    )
-    try:
-        await kubelet.run(stop)
-    except OSError as exc:
-        log.error("cannot start: %s", exc)
-        return 1
-    log.info("stopped")
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,27 @@
-"""What a pod asks of the node, as the kubelet's admission counts it."""
+"""Pod admission, as the kubelet's `lifecycle.PodAdmitHandler`s: each handler looks at a pod and
+what the node already runs and says admit, or a reason and a message.
+
+The handlers, in the kubelet's order:
+- `NodeFeatures`: what this node allows at all (privileged containers with --allow-privileged,
+  hostPath volumes below --allowed-host-paths);
+- `ResourceFit`: at most --max-pods non-terminal pods, and the pod's cpu, memory and
+  ephemeral-storage requests within what is left of the node's allocatable (`OutOfpods`,
+  `OutOfcpu`, ...), with the kubelet's messages.
+
+A pod turned away is Failed with that reason; the sync loop records it and never starts it.
+`NodeUsage` is what the admitted pods use; the sync loop counts it once per batch of additions
+and adds each pod it admits, so 1,000 additions stay linear.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
 from pykubelet.api.model import Container, Pod
 from pykubelet.api.quantity import to_bytes, to_millicpu
+from pykubelet.pod.volumes import host_path_allowed
 
 # cpu in millicores, memory and ephemeral-storage in bytes.
 RESOURCES = ("cpu", "memory", "ephemeral-storage")
@@ -37,3 +55,112 @@ def pod_requests(pod: Pod) -> dict[str, int]:
         for name, value in _container_requests(container).items():
             total[name] += value
     return {name: max(total[name] + sidecars[name], init_peak[name]) for name in RESOURCES}
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    admit: bool
+    reason: str = ""
+    message: str = ""
+
+
+ADMIT = AdmitResult(True)
+
+
+@dataclass
+class NodeUsage:
+    """What the admitted, non-terminal pods take of the node."""
+
+    pods: int = 0
+    resources: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0))
+
+    def add(self, requests: Mapping[str, int]) -> None:
+        self.pods += 1
+        for name in RESOURCES:
+            self.resources[name] += requests.get(name, 0)
+
+
+class AdmitHandler(Protocol):
+    def admit(self, pod: Pod, requests: Mapping[str, int], usage: NodeUsage) -> AdmitResult: ...
+
+
+class NodeFeatures:
+    """Refuses what the node does not allow: privileged containers, hostPath volumes outside
+    --allowed-host-paths."""
+
+    def __init__(
+        self,
+        allow_privileged: bool,
+        allowed_host_paths: Sequence[str],
+    ) -> None:
+        self._allow_privileged = allow_privileged
+        self._allowed = list(allowed_host_paths)
+
+    def admit(self, pod: Pod, requests: Mapping[str, int], usage: NodeUsage) -> AdmitResult:
+        for kind, containers in (
+            ("initContainers", pod.spec.init_containers),
+            ("containers", pod.spec.containers),
+        ):
+            for i, container in enumerate(containers):
+                ctx = container.security_context
+                if ctx is not None and ctx.privileged and not self._allow_privileged:
+                    return AdmitResult(
+                        False,
+                        "PrivilegedNotAllowed",
+                        f"Pod was rejected: spec.{kind}[{i}].securityContext.privileged: "
+                        "privileged containers are not allowed on this node "
+                        "(pykubelet --allow-privileged)",
+                    )
+        for i, volume in enumerate(pod.spec.volumes or []):
+            if volume.host_path is not None and not host_path_allowed(
+                volume.host_path.path, self._allowed
+            ):
+                where = ", ".join(self._allowed) if self._allowed else "none are allowed"
+                return AdmitResult(
+                    False,
+                    "HostPathNotAllowed",
+                    f"Pod was rejected: spec.volumes[{i}].hostPath.path: "
+                    f"{volume.host_path.path} is not below --allowed-host-paths ({where})",
+                )
+        return ADMIT
+
+
+class ResourceFit:
+    """The kubelet's predicate admission: the pod count against --max-pods, then each
+    resource's request against what the admitted pods leave of the allocatable."""
+
+    def __init__(self, max_pods: int, allocatable: Mapping[str, int]) -> None:
+        self._max_pods = max_pods
+        self._allocatable = dict(allocatable)
+
+    def admit(self, pod: Pod, requests: Mapping[str, int], usage: NodeUsage) -> AdmitResult:
+        if usage.pods >= self._max_pods:
+            return AdmitResult(
+                False,
+                "OutOfpods",
+                "Pod was rejected: Node didn't have enough resource: pods, "
+                f"requested: 1, used: {usage.pods}, capacity: {self._max_pods}",
+            )
+        for name in RESOURCES:
+            asked = requests.get(name, 0)
+            used = usage.resources[name]
+            allocatable = self._allocatable[name]
+            if asked and used + asked > allocatable:
+                return AdmitResult(
+                    False,
+                    f"OutOf{name}",
+                    f"Pod was rejected: Node didn't have enough resource: {name}, "
+                    f"requested: {asked}, used: {used}, capacity: {allocatable}",
+                )
+        return ADMIT
+
+
+def admit(
+    handlers: Sequence[AdmitHandler], pod: Pod, requests: Mapping[str, int], usage: NodeUsage
+) -> AdmitResult:
+    """The first refusal of the handlers, in order; admit if none refuses."""
+    for handler in handlers:
+        result = handler.admit(pod, requests, usage)
+        if not result.admit:
+            return result
+    return ADMIT

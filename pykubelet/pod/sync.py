@@ -117,6 +117,9 @@ class _Pass:
         self.volume_paths: dict[str, str] = {}
 
 
+TerminatedListener = Callable[[str, Pod | None], Awaitable[None]]
+
+
 class SecurityError(Exception):
     """The container's securityContext cannot be honoured (CreateContainerConfigError)."""
 
@@ -172,12 +175,13 @@ class PodSync:
         prober: ProbeManager,
         volumes: VolumeManager,
         node: Allocatable,
+        objects: ObjectLookup | None = None,
     ) -> None:
         self.runtime = runtime
         self.volumes = volumes
         self.node = node
-        # ConfigMaps and Secrets: the API server's, once cluster mode is connected.
-        self.objects: ObjectLookup = NoApiServer()
+        # ConfigMaps and Secrets: the API server's in cluster mode.
+        self.objects: ObjectLookup = objects if objects is not None else NoApiServer()
         self._last_volumes: dict[str, tuple[ApiObjects, dict[str, str]]] = {}  # uid -> last good
         self._volume_failures: dict[str, int] = {}  # uid -> failed set-ups in a row
         self._interrupted: set[str] = set()  # uids whose sync a kill cancelled
@@ -191,7 +195,12 @@ class PodSync:
         self._keys_of_pod: dict[str, set[str]] = {}  # uid -> its back-off keys, to forget them
         self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
         # Called once a pod's containers are all stopped (e.g. for the API's final delete).
-        self.terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
+        self._terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
+
+    def add_terminated_listener(
+        self, listener: Callable[[str, Pod | None], Awaitable[None]]
+    ) -> None:
+        self._terminated_listeners.append(listener)
 
     def note_seen(self, uid: str) -> None:
         """The sync loop saw the pod for the first time: its start latency counts from here."""
@@ -566,7 +575,7 @@ class PodSync:
             runtime_pod = await self.runtime.get_pod(uid)
         if pod is not None and runtime_pod is not None:
             self._refresh_status(pod, runtime_pod)
-        for listener in self.terminated_listeners:
+        for listener in self._terminated_listeners:
             await listener(uid, pod)
 
     async def sync_terminated_pod(self, uid: str, pod: Pod | None, removed: bool) -> None:

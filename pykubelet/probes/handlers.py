@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import aiohttp
 
@@ -20,7 +21,6 @@ from pykubelet.api.model import (
     SleepAction,
     TCPSocketAction,
 )
-from pykubelet.pod.envvars import container_env
 from pykubelet.runtime.base import Runtime, RuntimeContainer, RuntimeFailure
 
 Action = ExecAction | HTTPGetAction | TCPSocketAction | GRPCAction | SleepAction
@@ -36,10 +36,15 @@ def resolve_port(port: int | str, spec: Container) -> int:
     return int(port)
 
 
+# The environment an exec action runs with: (pod, container, pod IP) -> variables in order.
+ExecEnv = Callable[[Pod, Container, str], list[tuple[str, str]]]
+
+
 class ActionRunner:
-    def __init__(self, runtime: Runtime, host_ip: str) -> None:
+    def __init__(self, runtime: Runtime, host_ip: str, exec_env: ExecEnv) -> None:
         self.runtime = runtime
         self.host_ip = host_ip
+        self._exec_env = exec_env
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
@@ -84,7 +89,7 @@ class ActionRunner:
         pod_ip: str,
         timeout_seconds: float,
     ) -> tuple[bool, str]:
-        env = container_env(pod, spec, self.host_ip, pod_ip)
+        env = self._exec_env(pod, spec, pod_ip)
         try:
             result = await self.runtime.exec_sync(container, action.command, env, timeout_seconds)
         except RuntimeFailure as exc:

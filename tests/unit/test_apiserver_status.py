@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from pykubelet.api.model import (
 )
 from pykubelet.client.kubeapi import KubeApi
 from pykubelet.cluster.node import KUBELET_VERSION, NodeAgent, with_times
-from pykubelet.common.options import Options
+from pykubelet.common.machine import read_machine_facts
 from pykubelet.status.patcher import StatusSync, Target, api_status, status_patch
 from tests.fixtures.apiserver import ApiServer
 
@@ -170,13 +169,15 @@ async def test_failures_are_retried(server: ApiServer, api: KubeApi) -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
-def fake_kubelet(tmp_path: Path, problems: list[str]) -> Any:
-    return SimpleNamespace(
-        node_name="n1",
-        options=Options(node_name="n1", root_dir=tmp_path, max_pods=42),
+def node_agent(tmp_path: Path, problems: list[str], **periods: float) -> NodeAgent:
+    return NodeAgent(
+        "n1",
         host_ip="10.1.2.3",
-        runtime=SimpleNamespace(name="process"),
+        max_pods=42,
+        runtime_name="process",
+        facts=read_machine_facts(tmp_path),
         health_problems=lambda: problems,
+        **periods,
     )
 
 
@@ -192,7 +193,7 @@ async def test_node_registers_renews_its_lease_and_reports_changes(
     server: ApiServer, api: KubeApi, tmp_path: Path
 ) -> None:
     problems: list[str] = []
-    agent = NodeAgent(fake_kubelet(tmp_path, problems), lease_period=0.2, status_period=0.1)
+    agent = node_agent(tmp_path, problems, lease_period=0.2, status_period=0.1)
     task = asyncio.create_task(agent.run(api))
     try:
         await asyncio.wait_for(agent.registered.wait(), 10)
@@ -238,7 +239,7 @@ async def test_a_restarted_agent_updates_its_existing_node(
     await asyncio.to_thread(
         server.create, "nodes", {"metadata": {"name": "n1", "labels": {"kept": "yes"}}}
     )
-    agent = NodeAgent(fake_kubelet(tmp_path, []))
+    agent = node_agent(tmp_path, [])
     task = asyncio.create_task(agent.run(api))
     try:
         await asyncio.wait_for(agent.registered.wait(), 10)

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from pykubelet.api.model import Pod
-from pykubelet.cmd.cli import make_runtime, parse_options
+from pykubelet.app import make_runtime
+from pykubelet.cmd.cli import parse_options
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,

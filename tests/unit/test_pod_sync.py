@@ -13,7 +13,7 @@ import pytest
 
 from pykubelet.api.model import Pod
 from pykubelet.common.events import EventRecorder
-from pykubelet.pod.envvars import Allocatable
+from pykubelet.pod.envvars import Allocatable, container_env
 from pykubelet.pod.sync import PodSync
 from pykubelet.pod.volumes import VolumeManager
 from pykubelet.pod.workers import UpdateType
@@ -50,7 +50,9 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     runtime = ProcessRuntime(tmp_path)
     await runtime.start()
     recorder = EventRecorder()
-    actions = ActionRunner(runtime, "127.0.0.1")
+    actions = ActionRunner(
+        runtime, "127.0.0.1", lambda pod, spec, ip: container_env(pod, spec, "127.0.0.1", ip)
+    )
     statuses = StatusManager()
     node = Allocatable(cpu=Fraction(2), memory=1 << 30, ephemeral_storage=1 << 34)
     sync = PodSync(

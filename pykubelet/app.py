@@ -1,0 +1,224 @@
+"""The composition root: builds the runtime, the pod sources, the kubelet, the read-only server
+and, with --kubeconfig, the cluster layer; wires each to the narrow protocols it needs; runs them
+until a signal; stops them in order (pods first, then the cluster's last statuses, the runtime
+and the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pykubelet import __version__
+from pykubelet.common import metrics
+from pykubelet.common.events import EventRecorder, ObjectRef
+from pykubelet.common.machine import read_machine_facts
+from pykubelet.common.options import DEFAULT_ENDPOINTS, Options
+from pykubelet.config.file import FileSource
+from pykubelet.config.pod_config import PodConfig
+from pykubelet.config.types import API_SOURCE, FILE_SOURCE, HTTP_SOURCE, NotificationMode
+from pykubelet.kubelet.kubelet import Kubelet
+from pykubelet.pod.volumes import NoApiServer, ObjectLookup
+from pykubelet.runtime.base import Runtime
+from pykubelet.runtime.instrumented import InstrumentedRuntime
+from pykubelet.server.endpoints import ReadOnlyServer, build_app
+from pykubelet.status.manager import StatusManager
+
+log = logging.getLogger("pykubelet")
+
+# File I/O (state files with fsync, logs, manifests) runs in this pool: the OS has no async
+# file API. fsync waits on the disk, not the CPU, so more threads than cores pay off when
+# hundreds of containers start or stop at once (measured: bench/profile.py).
+IO_THREADS = 32
+
+
+def detect_host_ip() -> str:
+    """The first non-loopback IPv4 address of the hostname, else 127.0.0.1."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    except OSError:
+        return "127.0.0.1"
+    for *_, sockaddr in infos:
+        ip = str(sockaddr[0])
+        if not ip.startswith("127."):
+            return ip
+    return "127.0.0.1"
+
+
+def make_runtime(opts: Options, host_ip: str) -> Runtime:
+    endpoint = opts.container_runtime_endpoint or DEFAULT_ENDPOINTS.get(opts.container_runtime, "")
+    if opts.container_runtime == "remote":
+        from pykubelet.runtime.cri.runtime import CriRuntime
+
+        return CriRuntime(endpoint, opts.pod_infra_container_image, opts.root_dir, node_ip=host_ip)
+    if opts.container_runtime == "docker":
+        from pykubelet.runtime.docker.runtime import DockerRuntime
+
+        return DockerRuntime(
+            endpoint,
+            opts.pod_infra_container_image,
+            opts.root_dir,
+            node_ip=host_ip,
+            pod_pids_limit=opts.pod_max_pids,
+        )
+    from pykubelet.runtime.process.runtime import ProcessRuntime
+
+    return ProcessRuntime(opts.root_dir, node_ip=host_ip, pod_pids_limit=opts.pod_max_pids)
+
+
+def _count_request(method: str, path: str, code: int) -> None:
+    # The first segment only, as the kubelet does: pod names must not become label values.
+    first = "/" + path.lstrip("/").split("/", 1)[0]
+    metrics.http_requests.labels(method, first, "readonly", str(code)).inc()
+
+
+Task = tuple[str, Coroutine[Any, Any, None]]
+
+
+async def run_agent(opts: Options) -> int:
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="io"))
+    stop = asyncio.Event()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.info("%s: stopping (a second signal exits at once)", sig.name)
+            stop.set()
+            return
+        # The pods that still run keep running; the next agent adopts them.
+        log.warning("%s again: exiting now, without waiting for the pods to stop", sig.name)
+        logging.shutdown()
+        os._exit(128 + sig.value)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    host_ip = opts.node_ip if opts.node_ip else await asyncio.to_thread(detect_host_ip)
+    try:
+        opts.root_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        log.error("--root-dir %s: %s", opts.root_dir, exc.strerror)
+        return 1
+    facts = await asyncio.to_thread(read_machine_facts, opts.root_dir)
+    runtime = InstrumentedRuntime(make_runtime(opts, host_ip))
+    recorder = EventRecorder()
+
+    def merger_event(reason: str, subject: str, message: str) -> None:
+        recorder.record("Warning", reason, message, ObjectRef.node(opts.node_name))
+
+    pod_config = PodConfig(NotificationMode.INCREMENTAL, recorder=merger_event)
+    statuses = StatusManager()
+    connection = None
+    objects: ObjectLookup = NoApiServer()
+    if opts.kubeconfig is not None:
+        from pykubelet.cluster.connection import ApiConnection
+        from pykubelet.cluster.objects import ApiObjectLookup
+
+        connection = ApiConnection(opts.kubeconfig, opts.node_name)
+        objects = ApiObjectLookup(connection)
+    kubelet = Kubelet(
+        opts,
+        runtime,
+        host_ip,
+        pod_config=pod_config,
+        recorder=recorder,
+        statuses=statuses,
+        objects=objects,
+        facts=facts,
+    )
+    tasks: list[Task] = _sources(opts, pod_config, recorder)
+    cluster = None
+    if connection is not None:
+        from pykubelet.cluster.cluster import Cluster
+
+        cluster = Cluster(
+            opts,
+            connection,
+            kubelet,
+            runtime,
+            runtime_name=runtime.name,
+            host_ip=host_ip,
+            facts=facts,
+            recorder=recorder,
+            statuses=statuses,
+            push=pod_config.channel(API_SOURCE),
+        )
+        tasks.extend(cluster.tasks())
+        log.info("joining the cluster of %s as node %s", opts.kubeconfig, opts.node_name)
+    if not tasks:
+        log.warning(
+            "no pod source configured (--pod-manifest-path, --manifest-url, --kubeconfig): "
+            "no pods will run"
+        )
+    log.info(
+        "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name
+    )
+    server = ReadOnlyServer(
+        build_app(kubelet, on_request=_count_request), opts.address, opts.read_only_port
+    )
+    running: list[asyncio.Task[None]] = []
+    try:
+        await runtime.start()
+        url = await server.start()
+        log.info("read-only API at %s (pods at %s/pods)", url, url)
+        running = [asyncio.create_task(coro, name=name) for name, coro in tasks]
+        await kubelet.run(stop)
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    finally:
+        for _, coro in tasks[len(running) :]:
+            coro.close()  # never started
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        await kubelet.shutdown()
+        if cluster is not None:
+            await cluster.close()
+        await runtime.close()
+        await server.stop()
+    log.info("stopped")
+    return 0
+
+
+def _sources(opts: Options, pod_config: PodConfig, recorder: EventRecorder) -> list[Task]:
+    tasks: list[Task] = []
+    if opts.pod_manifest_path is not None:
+        source = FileSource(
+            opts.pod_manifest_path,
+            opts.node_name,
+            opts.file_check_frequency,
+            pod_config.channel(FILE_SOURCE),
+            recorder,
+        )
+        tasks.append(("source-file", source.run()))
+        log.info(
+            "watching %s for pod manifests (re-listed every %gs)",
+            opts.pod_manifest_path,
+            opts.file_check_frequency,
+        )
+    if opts.manifest_url is not None:
+        from pykubelet.config.http import HttpSource
+
+        http = HttpSource(
+            url=opts.manifest_url,
+            headers=opts.manifest_url_headers,
+            period=opts.http_check_frequency,
+            push=pod_config.channel(HTTP_SOURCE),
+            recorder=recorder,
+            node_name=opts.node_name,
+            max_bytes=opts.manifest_url_max_bytes,
+            ca_file=opts.manifest_url_ca_file,
+        )
+        tasks.append(("source-http", http.run()))
+        log.info(
+            "fetching pod manifests from %s every %gs",
+            opts.manifest_url,
+            opts.http_check_frequency,
+        )
+    return tasks

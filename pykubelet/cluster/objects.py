@@ -1,0 +1,61 @@
+"""ConfigMaps and Secrets for the pods' environment and volumes, read from the API server (the
+`ObjectLookup` of `pod/volumes.py` in cluster mode)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from pykubelet.client.kubeapi import ApiError
+from pykubelet.cluster.connection import ApiConnection
+from pykubelet.pod.envvars import EnvError
+
+Obj = dict[str, Any]
+
+
+class ApiObjectLookup:
+    """ConfigMaps and Secrets for the pods' env and volumes, read from the API server.
+
+    Read at each sync of a pod that uses them (the kubelet's "Get" strategy): a change reaches
+    the pod's volumes at its next sync, at most --sync-frequency later.
+    """
+
+    def __init__(self, connection: ApiConnection) -> None:
+        self._connection = connection
+
+    async def _get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        api = self._connection.api
+        if api is None:
+            raise EnvError(f'{kind[:-1]} "{name}": not connected to the API server yet')
+        try:
+            return await api.request("GET", f"/api/v1/namespaces/{namespace}/{kind}/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise EnvError(f'cannot read {kind[:-1]} "{namespace}/{name}": {exc}') from None
+
+    async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
+        obj = await self._get("configmaps", namespace, name)
+        if obj is None:
+            return None
+        data: dict[str, str | bytes] = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        try:
+            for key, value in (obj.get("binaryData") or {}).items():
+                data[str(key)] = base64.b64decode(value)  # bytes as they are: a keystore, a gzip
+        except (ValueError, TypeError) as exc:
+            raise EnvError(
+                f'configmap "{namespace}/{name}": binaryData is not base64: {exc}'
+            ) from None
+        return data
+
+    async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        obj = await self._get("secrets", namespace, name)
+        if obj is None:
+            return None
+        try:
+            data = {str(k): base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+        except (ValueError, TypeError) as exc:
+            raise EnvError(f'secret "{namespace}/{name}": data is not base64: {exc}') from None
+        for key, value in (obj.get("stringData") or {}).items():
+            data[str(key)] = str(value).encode()
+        return data

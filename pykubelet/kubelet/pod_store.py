@@ -1,0 +1,71 @@
+"""The desired pods (the kubelet's pod manager): every pod a source wants on this node, by UID
+and by full name (namespace/name).
+
+The sync loop is the only writer (`PodStore`); everything else reads through `PodView`, the
+read-only protocol the server, the mirror pods and the final delete depend on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from pykubelet.api.model import Pod
+
+
+class PodView(Protocol):
+    """What others may read of the desired pods."""
+
+    def get(self, uid: str) -> Pod | None: ...
+
+    def find(self, namespace: str, name: str) -> Pod | None: ...
+
+    def __contains__(self, uid: object) -> bool: ...
+
+    def __iter__(self) -> Iterator[Pod]: ...
+
+    def __len__(self) -> int: ...
+
+
+class PodStore:
+    """The desired pods, by UID and by (namespace, name); a name points at the UID stored last."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, Pod] = {}
+        self._by_name: dict[tuple[str, str], str] = {}
+
+    def get(self, uid: str) -> Pod | None:
+        return self._pods.get(uid)
+
+    def find(self, namespace: str, name: str) -> Pod | None:
+        uid = self._by_name.get((namespace, name))
+        return self._pods.get(uid) if uid else None
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._pods
+
+    def __iter__(self) -> Iterator[Pod]:
+        return iter(list(self._pods.values()))
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def uids(self) -> set[str]:
+        return set(self._pods)
+
+    def put(self, pod: Pod) -> None:
+        self._pods[pod.uid] = pod
+        self._by_name[(pod.metadata.namespace, pod.metadata.name)] = pod.uid
+
+    def replace(self, pod: Pod) -> None:
+        """A new version of a stored pod that the workers need not hear of (a reconcile)."""
+        if pod.uid in self._pods:
+            self._pods[pod.uid] = pod
+
+    def remove(self, uid: str) -> Pod | None:
+        pod = self._pods.pop(uid, None)
+        if pod is not None:
+            key = (pod.metadata.namespace, pod.metadata.name)
+            if self._by_name.get(key) == uid:
+                del self._by_name[key]
+        return pod
