@@ -1,5 +1,5 @@
 """Cluster mode end to end: the real agent (`--kubeconfig`) against the test API server
-(tests/fixtures/apiserver.py), or, for the test marked `realcluster`, against `$KUBECONFIG`.
+(tests/fixtures/apiserver/), or, for the test marked `realcluster`, against `$KUBECONFIG`.
 
 The tests talk to the API server as any client would, over HTTP with the official (synchronous)
 client; only what a client cannot do (an outage, a compaction) goes to the fixture directly.
