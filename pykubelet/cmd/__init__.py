@@ -1,0 +1,3 @@
+"""What the command line runs: flags and the --config file, the pykubelet get/logs/describe
+client, log formats.
+"""

@@ -1,0 +1,3 @@
+"""The sync loop: the desired pods, admission, housekeeping and the PLEG; it hands each pod to
+its worker.
+"""

@@ -1,0 +1,1 @@
+"""Liveness, readiness and startup probes, and the actions probes and lifecycle hooks run."""

@@ -1,0 +1,1 @@
+"""The read-only HTTP API, the status page, and how pods are shown to people."""
