@@ -189,9 +189,9 @@ async def test_launched_container_is_adopted_after_a_restart(tmp_path: Path) -> 
 async def test_unprivileged_agent_refuses_mounts_and_users(
     rt: ProcessRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pykubelet.runtime.process import runtime as process
+    from pykubelet.runtime.process import spawn
 
-    monkeypatch.setattr(process, "_effective_capabilities", lambda: 0)
+    monkeypatch.setattr(spawn, "effective_capabilities", lambda: 0)
     pod, sb = await new_pod(rt)
     with pytest.raises(StartError) as e:
         await rt.start_container(

@@ -28,12 +28,12 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
     StartError,
 )
+from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.runtime import (
     UNKNOWN_EXIT_CODE,
     UNKNOWN_MESSAGE,
     UNKNOWN_REASON,
     ProcessRuntime,
-    statefile,
 )
 
 TIMEOUT = 15.0
@@ -241,6 +241,16 @@ async def test_log_has_stdout_and_stderr_tail_and_limit(rt: ProcessRuntime) -> N
     await wait_exited(rt, partial)
     assert await rt.read_log(partial, tail_lines=1) == b"y"
     assert rt.log_path(partial).name == "1.log"
+
+
+async def test_follow_log_gives_the_tail_then_each_new_line_once(rt: ProcessRuntime) -> None:
+    pod, sb = await new_pod(rt)
+    c = await rt.start_container(pod, sb, sh("echo a; echo b; sleep 0.5; echo c; sleep 0.3"))
+    await wait_log(rt, c, b"b\n")
+    async with asyncio.timeout(TIMEOUT):
+        chunks = [chunk async for chunk in rt.follow_log(c, tail_lines=1)]
+    assert b"".join(chunks) == b"b\nc\n"  # ends once the container has exited
+    assert await rt.read_log(c) == b"a\nb\nc\n"
 
 
 async def test_environment_is_minimal_and_ordered(
@@ -595,7 +605,7 @@ async def test_corrupt_state_files_are_skipped(
     (broken / "sandbox.json").write_text("")
 
     b = ProcessRuntime(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="pykubelet.runtime.process.runtime"):
+    with caplog.at_level(logging.WARNING, logger="pykubelet.runtime.process.records"):
         await b.start()
     assert sum("corrupt state file" in r.getMessage() for r in caplog.records) == 3
     got = await b.get_pod(pod.uid)

@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-FILE_MODE = 0o600
 DIR_MODE = 0o700
 TMP_SUFFIX = ".tmp"
 

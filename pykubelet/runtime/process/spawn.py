@@ -1,0 +1,352 @@
+"""Starting a container's process, and running a command as in a running container.
+
+What this module promises:
+
+- `spawn` fork+execs a command in its own session (a process group signalled as a whole), its
+  output appended to the log file by the process itself, and returns a pidfd opened before
+  anything can reap it, with the process's /proc start time; it never leaves a process running
+  that the caller does not learn of;
+- containers that need cgroups, mounts or another user are started through `launcher.py`
+  (`python -I -S`, stdlib only): `launch_config` says when and with which instructions (None is
+  the fast path, a plain fork+exec), checking first that the agent has the capabilities for
+  them; the instructions travel in a close-on-exec memfd, never in argv or on disk;
+  `spawn_launched` returns once the launcher has exec'd the command, or raises its failure as
+  the kubelet words it (RunContainerError, CreateContainerConfigError), the launcher killed;
+- `exec_context` and `exec_launched` run an exec probe's or hook's command with the container's
+  mounts, user and cgroups, read from its live process;
+- processes get a small fixed environment (`container_env`), never the agent's; the launcher,
+  which runs as root, gets only PATH.
+
+fork+exec runs on the event loop, as asyncio's own subprocess support does: it returns as soon
+as the child has exec'd; waiting for the launcher's report is asynchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFailure, StartError
+from pykubelet.runtime.process import statefile
+from pykubelet.runtime.process.hostexec import run_command
+from pykubelet.runtime.process.processes import kill_group, proc_start_time, reap
+
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LAUNCHER = Path(__file__).with_name("launcher.py")
+# The launcher's own environment. It runs as root: a pod's LD_PRELOAD, LD_LIBRARY_PATH or
+# GCONV_PATH would load the pod's code into it before it drops to the pod's user. The container's
+# variables travel in its instructions, for the command it execs.
+LAUNCHER_ENV = {"PATH": BASE_PATH}
+LAUNCH_TIMEOUT = 60.0
+# Capability bits (linux/capability.h) the launcher needs for users and mounts.
+CAP_SETGID = 6
+CAP_SETUID = 7
+CAP_SYS_ADMIN = 21
+
+
+def container_env(pod_name: str, env: list[tuple[str, str]]) -> dict[str, str]:
+    """A small fixed base instead of the agent's own environment, then the pod's variables."""
+    out = {"PATH": BASE_PATH, "HOSTNAME": pod_name, "HOME": "/root"}
+    out.update(env)  # later entries win, and a name keeps its first position
+    return out
+
+
+# --- fork+exec ----------------------------------------------------------------------------------
+
+
+def spawn(
+    argv: list[str], cwd: str, env: dict[str, str], log_path: Path, pass_fds: tuple[int, ...] = ()
+) -> tuple[int, int, int]:
+    """fork+exec `argv` in a new session writing to `log_path`: (pid, pidfd, /proc start time)."""
+    if not os.path.isdir(cwd):  # Popen would say so too, but naming the file, not the problem
+        raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    try:
+        statefile.ensure_dir(log_path.parent)
+        # The child writes to the file itself: its output does not go through the agent, and
+        # nothing is lost while the agent restarts.
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot open the log file {log_path}: {e}") from e
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,  # its own process group, signalled and killed as a whole
+            close_fds=True,
+            pass_fds=pass_fds,
+        )
+    except OSError as e:
+        raise exec_error(argv[0], cwd, e) from e
+    except ValueError as e:  # a NUL byte, or "=" in a variable name
+        raise StartError("CreateContainerConfigError", f"cannot start {argv[0]!r}: {e}") from e
+    finally:
+        os.close(log_fd)
+    # Popen is only our fork+exec; the pid is reaped through its pidfd. A returncode makes the
+    # Popen look finished, so its __del__ does not queue the pid for subprocess._cleanup(), which
+    # would reap the child behind our back and lose its exit status.
+    proc.returncode = 0
+    pid = proc.pid
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        kill_group(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)  # SIGKILLed just now: this does not wait for long
+        raise RuntimeFailure(f"cannot watch process {pid} ({e}); it was killed") from e
+    # Not reaped yet, so /proc/<pid> exists even if the process has already exited.
+    start_time = proc_start_time(pid)
+    if start_time is None:
+        kill_group(pid, signal.SIGKILL)
+        os.close(pidfd)
+        raise RuntimeFailure(f"cannot read /proc/{pid}/stat; is /proc mounted?")
+    return pid, pidfd, start_time
+
+
+def exec_error(program: str, cwd: str, e: OSError) -> StartError:
+    if e.filename == cwd and not os.path.isdir(cwd):
+        return StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    if isinstance(e, FileNotFoundError) and "/" not in program:
+        problem = "executable file not found in $PATH"
+    else:
+        problem = (e.strerror or str(e)).lower()
+    return StartError("RunContainerError", f'exec: "{program}": {problem}')
+
+
+# --- the launcher -------------------------------------------------------------------------------
+
+
+@cache
+def effective_capabilities() -> int:
+    """The agent's effective capabilities (CapEff of /proc/self/status), 0 if unreadable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def launch_config(
+    config: ContainerConfig, argv: list[str], cwd: str, env: dict[str, str], cgroups: bool
+) -> dict[str, Any] | None:
+    """The launcher's instructions, or None when a plain fork+exec does (the fast path)."""
+    identity = (
+        (config.run_as_user is not None and config.run_as_user != os.geteuid())
+        or (config.run_as_group is not None and config.run_as_group != os.getegid())
+        or bool(config.supplemental_groups)
+    )
+    mounts = bool(config.mounts) or config.read_only_root_filesystem
+    if not (identity or mounts or cgroups):
+        return None
+    caps = effective_capabilities()
+    if mounts and not caps >> CAP_SYS_ADMIN & 1:
+        raise StartError(
+            "CreateContainerConfigError",
+            "volume mounts and readOnlyRootFilesystem need an agent running as root with "
+            "CAP_SYS_ADMIN (a mount namespace per container); this agent has no CAP_SYS_ADMIN",
+        )
+    if identity and not (caps >> CAP_SETUID & 1 and caps >> CAP_SETGID & 1):
+        raise StartError(
+            "CreateContainerConfigError",
+            f"runAsUser/runAsGroup/supplementalGroups need an agent running as root "
+            f"(CAP_SETUID, CAP_SETGID); this agent runs as uid {os.geteuid()} without them",
+        )
+    for m in config.mounts:
+        _check_mount(m)
+    return {
+        "cgroups": [],
+        "mounts": [
+            {"source": m.host_path, "target": m.container_path, "read_only": m.read_only}
+            for m in config.mounts
+        ],
+        "read_only_root": config.read_only_root_filesystem,
+        "uid": config.run_as_user,
+        "gid": config.run_as_group,
+        "groups": list(config.supplemental_groups) if identity else None,
+        "cwd": cwd,
+        "argv": argv,
+        "env": env,
+        "home_of_user": not any(name == "HOME" for name, _ in config.env),
+    }
+
+
+def _check_mount(m: Mount) -> None:
+    for what, path in (("host path", m.host_path), ("container path", m.container_path)):
+        if not os.path.isabs(path) or "\0" in path:
+            raise StartError(
+                "CreateContainerConfigError",
+                f"mount {m.host_path} -> {m.container_path}: the {what} must be absolute",
+            )
+
+
+def _memfd(name: str, data: dict[str, Any]) -> int:
+    """A close-on-exec memfd holding `data` as JSON, at offset 0."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        raw = json.dumps(data).encode()
+        while raw:
+            raw = raw[os.write(fd, raw) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _start_launcher(launch: dict[str, Any], log_path: Path) -> tuple[int, int, int, int]:
+    """fork+exec the launcher: (pid, pidfd, /proc start time, read end of its error pipe).
+
+    The instructions go through a memfd (no size limit, nothing on disk, no shell); the error
+    pipe's write end is close-on-exec in the launcher, so EOF without data means it exec'd."""
+    try:
+        config_fd = _memfd("pykubelet-launch", launch)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot pass the launcher its instructions: {e}") from e
+    err_r, err_w = os.pipe()
+    try:
+        argv = [sys.executable, "-I", "-S", str(LAUNCHER), str(config_fd), str(err_w)]
+        # "/" as the launcher's cwd: it enters the container's own after the mounts, and reports
+        # a missing one as the container's error.
+        pid, pidfd, start_time = spawn(
+            argv, "/", dict(LAUNCHER_ENV), log_path, pass_fds=(config_fd, err_w)
+        )
+    except BaseException:
+        os.close(err_r)
+        raise
+    finally:
+        os.close(config_fd)
+        os.close(err_w)
+    return pid, pidfd, start_time, err_r
+
+
+async def spawn_launched(launch: dict[str, Any], log_path: Path) -> tuple[int, int, int]:
+    """As `spawn`, through the launcher following `launch`: returns once it exec'd."""
+    pid, pidfd, start_time, err_r = _start_launcher(launch, log_path)
+    try:
+        async with asyncio.timeout(LAUNCH_TIMEOUT):
+            report = await _read_until_eof(err_r)
+    except BaseException as e:
+        # Cancelled, or stuck (a mount on a dead NFS server): never leave it running unrecorded.
+        kill_group(pid, signal.SIGKILL)
+        await _readable(pidfd)
+        reap(pidfd)
+        os.close(pidfd)
+        if isinstance(e, TimeoutError):
+            raise StartError(
+                "RunContainerError",
+                f"the launcher of {launch['argv'][0]!r} did not exec it within "
+                f"{LAUNCH_TIMEOUT:g} s (a mount or a cgroup hanging?); it was killed",
+            ) from None
+        raise
+    finally:
+        os.close(err_r)
+    if not report:
+        # exec'd (or killed before it could report: its exit is then the container's).
+        return pid, pidfd, start_time
+    await _readable(pidfd)  # it exits right after writing the report
+    reap(pidfd)
+    os.close(pidfd)
+    raise _launch_error(report, launch)
+
+
+def _launch_error(report: bytes, launch: dict[str, Any]) -> StartError:
+    program, cwd = str(launch["argv"][0]), str(launch["cwd"])
+    try:
+        data = json.loads(report)
+        stage, code, message = str(data["stage"]), data.get("errno"), str(data["message"])
+    except (ValueError, KeyError, TypeError):
+        return StartError("RunContainerError", f"the launcher failed: {report[:200]!r}")
+    if stage == "exec":
+        if not isinstance(code, int):
+            return StartError("CreateContainerConfigError", f"cannot start {program!r}: {message}")
+        return exec_error(program, cwd, OSError(code, os.strerror(code)))
+    if stage == "chdir" and code == errno.ENOENT:
+        return StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    return StartError("RunContainerError", message)
+
+
+async def _readable(fd: int) -> None:
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+
+
+async def _read_until_eof(fd: int) -> bytes:
+    """All of a pipe, without blocking the loop (the launcher takes ~30 ms to exec)."""
+    os.set_blocking(fd, False)
+    out = b""
+    while True:
+        await _readable(fd)
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            return out
+        out += chunk
+
+
+# --- commands in a running container ------------------------------------------------------------
+
+
+def exec_context(pid: int) -> dict[str, Any] | None:
+    """How to run a command as in the container of `pid`: its mount namespace if not ours, its
+    uid, gid and groups if not the agent's; empty if it runs as the agent's processes do, None
+    if it cannot be read."""
+    out: dict[str, Any] = {}
+    try:
+        if os.stat(f"/proc/{pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+            out["mount_ns_pid"] = pid
+        fields = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        )
+        uid, gid = int(fields["Uid"].split()[1]), int(fields["Gid"].split()[1])
+        groups = [int(g) for g in fields["Groups"].split()]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None  # gone meanwhile, or a zombie (no namespaces left): the caller decides
+    if (uid, gid, sorted(groups)) != (os.geteuid(), os.getegid(), sorted(os.getgroups())):
+        out.update(uid=uid, gid=gid, groups=groups)
+    return out
+
+
+async def exec_launched(enter: dict[str, Any], timeout_seconds: float) -> ExecResult:
+    """Run the command of `enter` (the launcher's --exec instructions) through the launcher.
+
+    Raises RuntimeFailure if it cannot be started."""
+    program = enter["argv"][0]
+    try:
+        config_fd = _memfd("pykubelet-exec", enter)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot run {program!r}: {e}") from e
+    # The instructions in a memfd, not in argv: any user of the host may read an argv in
+    # /proc, and the environment in them may hold secrets.
+    argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", str(config_fd)]
+    try:
+        return await run_command(argv, "/", LAUNCHER_ENV, timeout_seconds, pass_fds=(config_fd,))
+    except (OSError, ValueError) as e:
+        raise RuntimeFailure(f"cannot run {program!r}: {e}") from e
+    finally:
+        os.close(config_fd)
