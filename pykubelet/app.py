@@ -11,14 +11,16 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pykubelet import __version__
+from pykubelet.client.kubeapi import ApiError
+from pykubelet.cluster.connection import ApiConnection
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
-from pykubelet.common.machine import read_machine_facts
+from pykubelet.common.machine import MachineFacts, read_machine_facts
 from pykubelet.common.options import DEFAULT_ENDPOINTS, Options
 from pykubelet.config.file import FileSource
 from pykubelet.config.pod_config import PodConfig
@@ -27,7 +29,16 @@ from pykubelet.kubelet.kubelet import Kubelet
 from pykubelet.pod.volumes import NoApiServer, ObjectLookup
 from pykubelet.runtime.base import Runtime
 from pykubelet.runtime.instrumented import InstrumentedRuntime
-from pykubelet.server.endpoints import ReadOnlyServer, build_app
+from pykubelet.server.auth import (
+    AlwaysAllow,
+    Authenticator,
+    Authorizer,
+    ReviewError,
+    WebhookAuthorizer,
+)
+from pykubelet.server.endpoints import HttpServer, build_app
+from pykubelet.server.secure import build_secure_app
+from pykubelet.server.tls import ServingConfig, TlsError, server_context
 from pykubelet.status.manager import StatusManager
 
 log = logging.getLogger("pykubelet")
@@ -72,10 +83,68 @@ def make_runtime(opts: Options, host_ip: str) -> Runtime:
     return ProcessRuntime(opts.root_dir, node_ip=host_ip, pod_pids_limit=opts.pod_max_pids)
 
 
-def _count_request(method: str, path: str, code: int) -> None:
-    # The first segment only, as the kubelet does: pod names must not become label values.
-    first = "/" + path.lstrip("/").split("/", 1)[0]
-    metrics.http_requests.labels(method, first, "readonly", str(code)).inc()
+def _counter(server_type: str) -> Callable[[str, str, int], None]:
+    def count(method: str, path: str, code: int) -> None:
+        # The first segment only, as the kubelet does: pod names must not become label values.
+        first = "/" + path.lstrip("/").split("/", 1)[0]
+        metrics.http_requests.labels(method, first, server_type, str(code)).inc()
+
+    return count
+
+
+class ApiReviews:
+    """TokenReviews and SubjectAccessReviews through the cluster's connection."""
+
+    def __init__(self, connection: ApiConnection) -> None:
+        self._connection = connection
+
+    async def review(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        api = self._connection.api
+        if api is None:
+            raise ReviewError("not connected to the API server yet")
+        try:
+            return await api.create(path, body)
+        except ApiError as exc:
+            raise ReviewError(str(exc)) from None
+
+
+def secure_server(
+    opts: Options,
+    kubelet: Kubelet,
+    connection: ApiConnection | None,
+    host_ip: str,
+    facts: MachineFacts,
+) -> HttpServer:
+    """The authenticated kubelet API on --port; raises TlsError naming a file it cannot use."""
+    reviews = ApiReviews(connection) if connection is not None else None
+    authenticator = Authenticator(
+        anonymous=opts.anonymous_auth,
+        token_reviews=reviews if opts.authentication_token_webhook else None,
+        token_cache_ttl=opts.authentication_token_webhook_cache_ttl,
+    )
+    authorizer: Authorizer = AlwaysAllow()
+    if opts.authorization_mode == "Webhook" and reviews is not None:
+        authorizer = WebhookAuthorizer(
+            reviews,
+            opts.authorization_webhook_cache_authorized_ttl,
+            opts.authorization_webhook_cache_unauthorized_ttl,
+        )
+    context = server_context(
+        ServingConfig(
+            cert_file=opts.tls_cert_file,
+            key_file=opts.tls_private_key_file,
+            cert_dir=opts.certificate_dir,
+            client_ca_file=opts.client_ca_file,
+            min_version=opts.tls_min_version,
+            node_name=opts.node_name,
+            hostname=facts.hostname,
+            addresses=(host_ip,),
+        )
+    )
+    app = build_secure_app(
+        kubelet, authenticator, authorizer, opts.kubelet_configuration, _counter("readwrite")
+    )
+    return HttpServer(app, opts.address, opts.port, context)
 
 
 Task = tuple[str, Coroutine[Any, Any, None]]
@@ -116,7 +185,6 @@ async def run_agent(opts: Options) -> int:
     connection = None
     objects: ObjectLookup = NoApiServer()
     if opts.kubeconfig is not None:
-        from pykubelet.cluster.connection import ApiConnection
         from pykubelet.cluster.objects import ApiObjectLookup
 
         connection = ApiConnection(opts.kubeconfig, opts.node_name)
@@ -158,14 +226,22 @@ async def run_agent(opts: Options) -> int:
     log.info(
         "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name
     )
-    server = ReadOnlyServer(
-        build_app(kubelet, on_request=_count_request), opts.address, opts.read_only_port
+    server = HttpServer(
+        build_app(kubelet, on_request=_counter("readonly")), opts.address, opts.read_only_port
     )
+    try:
+        secure = await asyncio.to_thread(secure_server, opts, kubelet, connection, host_ip, facts)
+    except TlsError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
     running: list[asyncio.Task[None]] = []
     try:
         await runtime.start()
         url = await server.start()
         log.info("read-only API at %s (pods at %s/pods)", url, url)
+        log.info("kubelet API at %s", await secure.start())
+        if cluster is not None:
+            cluster.node.advertise_port(secure.port)
         running = [asyncio.create_task(coro, name=name) for name, coro in tasks]
         await kubelet.run(stop)
     except OSError as exc:
@@ -182,6 +258,7 @@ async def run_agent(opts: Options) -> int:
             await cluster.close()
         await runtime.close()
         await server.stop()
+        await secure.stop()
     log.info("stopped")
     return 0
 

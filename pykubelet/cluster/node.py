@@ -76,6 +76,7 @@ def node_status(
     max_pods: int,
     runtime: str,
     problems: list[str],
+    kubelet_port: int = 0,
 ) -> Obj:
     """The status without its times (those are added when it is reported)."""
     capacity = {
@@ -114,6 +115,7 @@ def node_status(
             "architecture": facts.arch,
         },
         "conditions": conditions,
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
     }
 
 
@@ -158,6 +160,7 @@ class NodeAgent:
         self._runtime_name = runtime_name
         self._facts = facts
         self._health_problems = health_problems
+        self._kubelet_port = 0
         self.lease_period = lease_period
         self.status_period = status_period
         self.report_period = report_period
@@ -170,6 +173,10 @@ class NodeAgent:
         self._lease_failures = Failures(f"renewing the Lease {LEASE_NAMESPACE}/{self.node_name}")
         self._status_failures = Failures(f"updating the status of node {self.node_name}")
 
+    def advertise_port(self, port: int) -> None:
+        """The port of the kubelet API, reported as daemonEndpoints.kubeletEndpoint.Port."""
+        self._kubelet_port = port
+
     @property
     def path(self) -> str:
         return f"/api/v1/nodes/{self.node_name}"
@@ -181,6 +188,7 @@ class NodeAgent:
             self._max_pods,
             self._runtime_name,
             self._health_problems(),
+            self._kubelet_port,
         )
 
     def _node(self, status: Obj) -> Obj:

@@ -15,7 +15,9 @@ from pykubelet import __version__
 from pykubelet.app import run_agent
 from pykubelet.cmd import config_file, ctl, logs
 from pykubelet.common.options import (
+    AUTHORIZATION_MODES,
     RUNTIMES,
+    TLS_MIN_VERSIONS,
     Options,
     default_node_name,
     parse_duration,
@@ -180,6 +182,88 @@ def build_parser() -> argparse.ArgumentParser:
         default=10255,
         help="port of the read-only API; 0 picks a free one and logs it (default 10255)",
     )
+    secure = p.add_argument_group("the kubelet API (secure port)")
+    secure.add_argument(
+        "--port",
+        type=_port,
+        default=10250,
+        help="port of the authenticated kubelet API (HTTPS); 0 picks a free one, logs it and "
+        "advertises it on the Node (default 10250)",
+    )
+    secure.add_argument(
+        "--tls-cert-file",
+        type=Path,
+        metavar="PATH",
+        help="the serving certificate (PEM, with its chain); default: a self-signed one for the "
+        "node under --cert-dir",
+    )
+    secure.add_argument("--tls-private-key-file", type=Path, metavar="PATH", help="its key")
+    secure.add_argument(
+        "--cert-dir",
+        type=Path,
+        metavar="PATH",
+        help="where the self-signed serving certificate is kept (default <root-dir>/pki)",
+    )
+    secure.add_argument(
+        "--tls-min-version",
+        choices=TLS_MIN_VERSIONS,
+        default="VersionTLS12",
+        help="the lowest TLS version accepted (default VersionTLS12)",
+    )
+    secure.add_argument(
+        "--client-ca-file",
+        type=Path,
+        metavar="PATH",
+        help="CA bundle (PEM) that client certificates are verified against; the user is the "
+        "certificate's CN, its groups the O values",
+    )
+    secure.add_argument(
+        "--anonymous-auth",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="serve requests without credentials as system:anonymous (default false; the "
+        "kubelet's default is true)",
+    )
+    secure.add_argument(
+        "--authentication-token-webhook",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="authenticate bearer tokens with a TokenReview to the API server (needs --kubeconfig)",
+    )
+    secure.add_argument(
+        "--authentication-token-webhook-cache-ttl",
+        type=_duration,
+        default=120.0,
+        metavar="DURATION",
+        help="how long token review answers are kept (default 2m)",
+    )
+    secure.add_argument(
+        "--authorization-mode",
+        choices=AUTHORIZATION_MODES,
+        default="AlwaysAllow",
+        help="AlwaysAllow (default), or Webhook: a SubjectAccessReview to the API server for "
+        "nodes/proxy, nodes/log, nodes/stats or nodes/metrics (needs --kubeconfig)",
+    )
+    secure.add_argument(
+        "--authorization-webhook-cache-authorized-ttl",
+        type=_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="how long an allowed SubjectAccessReview is kept (default 5m)",
+    )
+    secure.add_argument(
+        "--authorization-webhook-cache-unauthorized-ttl",
+        type=_duration,
+        default=30.0,
+        metavar="DURATION",
+        help="how long a denied SubjectAccessReview is kept (default 30s)",
+    )
     p.add_argument(
         "--sync-frequency",
         type=_duration,
@@ -265,6 +349,18 @@ def parse_options(argv: Sequence[str]) -> Options:
         container_runtime=ns.container_runtime,
         address=ns.address,
         read_only_port=ns.read_only_port,
+        port=ns.port,
+        tls_cert_file=ns.tls_cert_file,
+        tls_private_key_file=ns.tls_private_key_file,
+        cert_dir=ns.cert_dir.absolute() if ns.cert_dir else None,
+        tls_min_version=ns.tls_min_version,
+        client_ca_file=ns.client_ca_file,
+        anonymous_auth=ns.anonymous_auth,
+        authentication_token_webhook=ns.authentication_token_webhook,
+        authentication_token_webhook_cache_ttl=ns.authentication_token_webhook_cache_ttl,
+        authorization_mode=ns.authorization_mode,
+        authorization_webhook_cache_authorized_ttl=ns.authorization_webhook_cache_authorized_ttl,
+        authorization_webhook_cache_unauthorized_ttl=ns.authorization_webhook_cache_unauthorized_ttl,
         sync_frequency=ns.sync_frequency,
         kubeconfig=ns.kubeconfig,
         manifest_url=ns.manifest_url,

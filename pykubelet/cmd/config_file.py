@@ -25,7 +25,6 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 NOT_SUPPORTED = frozenset(
     {
         "cgroupDriver", "cgroupRoot", "clusterDNS", "clusterDomain",
-        "authentication", "authorization", "tlsCertFile", "tlsPrivateKeyFile", "port",
         "healthzPort", "healthzBindAddress", "evictionHard", "evictionSoft", "kubeReserved",
         "systemReserved", "featureGates", "imageGCHighThresholdPercent",
         "imageGCLowThresholdPercent", "serializeImagePulls", "registerNode",
@@ -44,6 +43,51 @@ class LoggingConfiguration(_Model):
     verbosity: int = 0
 
 
+class X509Authentication(_Model):
+    client_ca_file: str | None = Field(default=None, alias="clientCAFile")
+
+
+def _check_duration(value: str | None) -> str | None:
+    if value is not None:
+        parse_duration(value)  # raises ValueError with the reason
+    return value
+
+
+class WebhookAuthentication(_Model):
+    enabled: bool | None = None
+    cache_ttl: str | None = Field(default=None, alias="cacheTTL")
+
+    @field_validator("cache_ttl")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        return _check_duration(value)
+
+
+class AnonymousAuthentication(_Model):
+    enabled: bool | None = None
+
+
+class Authentication(_Model):
+    x509: X509Authentication | None = None
+    webhook: WebhookAuthentication | None = None
+    anonymous: AnonymousAuthentication | None = None
+
+
+class WebhookAuthorization(_Model):
+    cache_authorized_ttl: str | None = Field(default=None, alias="cacheAuthorizedTTL")
+    cache_unauthorized_ttl: str | None = Field(default=None, alias="cacheUnauthorizedTTL")
+
+    @field_validator("cache_authorized_ttl", "cache_unauthorized_ttl")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        return _check_duration(value)
+
+
+class Authorization(_Model):
+    mode: Literal["AlwaysAllow", "Webhook"] | None = None
+    webhook: WebhookAuthorization | None = None
+
+
 class KubeletConfiguration(_Model):
     kind: Literal["KubeletConfiguration"]
     api_version: Literal["kubelet.config.k8s.io/v1beta1"]
@@ -57,6 +101,14 @@ class KubeletConfiguration(_Model):
     sync_frequency: str | None = None
     address: str | None = None
     read_only_port: int | None = Field(default=None, ge=0, le=65535)
+    port: int | None = Field(default=None, ge=0, le=65535)
+    tls_cert_file: str | None = None
+    tls_private_key_file: str | None = None
+    tls_min_version: (
+        Literal["VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13"] | None
+    ) = None
+    authentication: Authentication | None = None
+    authorization: Authorization | None = None
     max_pods: int | None = Field(default=None, ge=1)
     pod_pids_limit: int | None = Field(default=None, ge=-1)
     container_runtime_endpoint: str | None = None
@@ -65,9 +117,7 @@ class KubeletConfiguration(_Model):
     @field_validator("file_check_frequency", "http_check_frequency", "sync_frequency")
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_duration(value)  # raises ValueError with the reason
-        return value
+        return _check_duration(value)
 
 
 class ConfigFileError(Exception):
@@ -110,6 +160,10 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "static_pod_url": ("manifest_url", str),
         "address": ("address", str),
         "read_only_port": ("read_only_port", int),
+        "port": ("port", int),
+        "tls_cert_file": ("tls_cert_file", Path),
+        "tls_private_key_file": ("tls_private_key_file", Path),
+        "tls_min_version": ("tls_min_version", str),
         "max_pods": ("max_pods", int),
         "pod_pids_limit": ("pod_max_pids", int),
         "container_runtime_endpoint": ("container_runtime_endpoint", str),
@@ -125,6 +179,31 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         out["manifest_url_header"] = [
             (key, value) for key, values in config.static_pod_url_header.items() for value in values
         ]
+    authn = config.authentication
+    if authn is not None:
+        if authn.x509 is not None and authn.x509.client_ca_file:
+            out["client_ca_file"] = Path(authn.x509.client_ca_file)
+        if authn.webhook is not None:
+            if authn.webhook.enabled is not None:
+                out["authentication_token_webhook"] = authn.webhook.enabled
+            if authn.webhook.cache_ttl is not None:
+                out["authentication_token_webhook_cache_ttl"] = parse_duration(
+                    authn.webhook.cache_ttl
+                )
+        if authn.anonymous is not None and authn.anonymous.enabled is not None:
+            out["anonymous_auth"] = authn.anonymous.enabled
+    authz = config.authorization
+    if authz is not None:
+        if authz.mode is not None:
+            out["authorization_mode"] = authz.mode
+        if authz.webhook is not None:
+            for field, dest in (
+                ("cache_authorized_ttl", "authorization_webhook_cache_authorized_ttl"),
+                ("cache_unauthorized_ttl", "authorization_webhook_cache_unauthorized_ttl"),
+            ):
+                value = getattr(authz.webhook, field)
+                if value is not None:
+                    out[dest] = parse_duration(value)
     if config.logging is not None:
         out["log_format"] = config.logging.format
         out["verbosity"] = config.logging.verbosity

@@ -60,6 +60,19 @@ class Options:
     container_runtime: str = "process"
     address: str = "127.0.0.1"
     read_only_port: int = 10255
+    # The secure kubelet API (auth.py, secure.py); 0: a free port, logged and advertised.
+    port: int = 10250
+    tls_cert_file: Path | None = None
+    tls_private_key_file: Path | None = None
+    cert_dir: Path | None = None  # None: <root-dir>/pki
+    tls_min_version: str = "VersionTLS12"
+    client_ca_file: Path | None = None
+    anonymous_auth: bool = False
+    authentication_token_webhook: bool = False
+    authentication_token_webhook_cache_ttl: float = 120.0
+    authorization_mode: str = "AlwaysAllow"
+    authorization_webhook_cache_authorized_ttl: float = 300.0
+    authorization_webhook_cache_unauthorized_ttl: float = 30.0
     sync_frequency: float = 60.0
     manifest_url: str | None = None
     manifest_url_headers: list[tuple[str, str]] = field(default_factory=list)
@@ -79,6 +92,51 @@ class Options:
     pod_max_pids: int = -1  # per pod; -1: unlimited
     log_format: str = "text"
     verbosity: int = 0
+
+    @property
+    def certificate_dir(self) -> Path:
+        return self.cert_dir if self.cert_dir is not None else self.root_dir / "pki"
+
+    def kubelet_configuration(self) -> dict[str, object]:
+        """The configuration in effect as a KubeletConfiguration (what /configz serves)."""
+        return {
+            "kind": "KubeletConfiguration",
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "staticPodPath": str(self.pod_manifest_path or ""),
+            "staticPodURL": self.manifest_url or "",
+            "syncFrequency": format_duration(self.sync_frequency),
+            "fileCheckFrequency": format_duration(self.file_check_frequency),
+            "httpCheckFrequency": format_duration(self.http_check_frequency),
+            "address": self.address,
+            "port": self.port,
+            "readOnlyPort": self.read_only_port,
+            "tlsCertFile": str(self.tls_cert_file or ""),
+            "tlsPrivateKeyFile": str(self.tls_private_key_file or ""),
+            "tlsMinVersion": self.tls_min_version,
+            "authentication": {
+                "x509": {"clientCAFile": str(self.client_ca_file or "")},
+                "webhook": {
+                    "enabled": self.authentication_token_webhook,
+                    "cacheTTL": format_duration(self.authentication_token_webhook_cache_ttl),
+                },
+                "anonymous": {"enabled": self.anonymous_auth},
+            },
+            "authorization": {
+                "mode": self.authorization_mode,
+                "webhook": {
+                    "cacheAuthorizedTTL": format_duration(
+                        self.authorization_webhook_cache_authorized_ttl
+                    ),
+                    "cacheUnauthorizedTTL": format_duration(
+                        self.authorization_webhook_cache_unauthorized_ttl
+                    ),
+                },
+            },
+            "maxPods": self.max_pods,
+            "podPidsLimit": self.pod_max_pids,
+            "containerRuntimeEndpoint": self.container_runtime_endpoint or "",
+            "logging": {"format": self.log_format, "verbosity": self.verbosity},
+        }
 
     def validate(self) -> list[str]:
         problems: list[str] = []
@@ -107,6 +165,25 @@ class Options:
             )
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
+        if not 0 <= self.port <= 65535:
+            problems.append("--port: must be between 0 and 65535")
+        if (self.tls_cert_file is None) != (self.tls_private_key_file is None):
+            problems.append("--tls-cert-file and --tls-private-key-file: give both or neither")
+        if self.tls_min_version not in TLS_MIN_VERSIONS:
+            problems.append(
+                f"--tls-min-version: unsupported value {self.tls_min_version!r}: "
+                f"supported are {', '.join(TLS_MIN_VERSIONS)}"
+            )
+        if self.authorization_mode not in AUTHORIZATION_MODES:
+            problems.append(
+                f"--authorization-mode: unsupported value {self.authorization_mode!r}: "
+                f"supported are {', '.join(AUTHORIZATION_MODES)}"
+            )
+        if self.kubeconfig is None:
+            if self.authentication_token_webhook:
+                problems.append("--authentication-token-webhook: needs --kubeconfig")
+            if self.authorization_mode == "Webhook":
+                problems.append("--authorization-mode Webhook: needs --kubeconfig")
         if self.manifest_url is not None and not self.manifest_url.startswith(
             ("http://", "https://")
         ):
@@ -134,6 +211,8 @@ class Options:
 
 
 RUNTIMES = ("process", "docker", "remote")
+TLS_MIN_VERSIONS = ("VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13")
+AUTHORIZATION_MODES = ("AlwaysAllow", "Webhook")
 # The kubelet's default for remote runtimes is containerd's socket.
 DEFAULT_ENDPOINTS = {
     "docker": "unix:///var/run/docker.sock",

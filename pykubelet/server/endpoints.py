@@ -1,4 +1,6 @@
-"""The read-only HTTP API, as the kubelet's read-only port serves it.
+"""The read-only HTTP API, as the kubelet's read-only port serves it, and what both ports share
+(`add_node_routes`: /pods, /healthz, /metrics, /containerLogs; `HttpServer`). The secure port's
+own routes and its authentication are in `secure.py`.
 
 GET /                                       a status page for people (HTML)
 GET /pods                                   v1 PodList of this node's pods with live status
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -108,9 +111,8 @@ class _PodJsonCache:
         return b",".join(entry[2] for entry in fresh.values())
 
 
-def build_app(
-    node: NodeView, on_request: Callable[[str, str, int], None] | None = None
-) -> web.Application:
+def add_node_routes(app: web.Application, node: NodeView) -> None:
+    """The routes both ports serve: /pods, /healthz, /metrics, /containerLogs."""
     pod_json = _PodJsonCache()
 
     async def pods(request: web.Request) -> web.Response:
@@ -123,10 +125,6 @@ def build_app(
         if problems:
             return web.Response(text="\n".join(problems) + "\n", status=500)
         return web.Response(text="ok")
-
-    async def events(request: web.Request) -> web.Response:
-        items = [e.to_api(node.node_name) for e in node.recorder.events()]
-        return _json({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
 
     async def container_logs(request: web.Request) -> web.StreamResponse:
         namespace = request.match_info["namespace"]
@@ -164,19 +162,20 @@ def build_app(
         data = await node.runtime.read_log(history[-1], tail_lines, limit_bytes)
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
 
-    async def index(request: web.Request) -> web.Response:
-        page = status_page.render(
-            node.node_name,
-            [with_status(pod, status).to_api() for pod, status in node.pods_with_status()],
-            [e.to_api(node.node_name) for e in node.recorder.events()],
-            datetime.now(UTC),
-        )
-        return web.Response(text=page, content_type="text/html")
-
     async def metrics_view(request: web.Request) -> web.Response:
         return web.Response(
             body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE}
         )
+
+    app.router.add_get("/pods", pods)
+    app.router.add_get("/pods/", pods)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_view)
+    app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
+
+
+def counting(on_request: Callable[[str, str, int], None] | None) -> Any:
+    """A middleware that reports each request's method, path and status code."""
 
     @web.middleware
     async def count(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -190,14 +189,31 @@ def build_app(
             on_request(request.method, request.path, response.status)
         return response
 
-    app = web.Application(middlewares=[count])
+    return count
+
+
+def build_app(
+    node: NodeView, on_request: Callable[[str, str, int], None] | None = None
+) -> web.Application:
+    """The read-only port: the node's routes, the status page at / and /events."""
+
+    async def events(request: web.Request) -> web.Response:
+        items = [e.to_api(node.node_name) for e in node.recorder.events()]
+        return _json({"kind": "EventList", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    async def index(request: web.Request) -> web.Response:
+        page = status_page.render(
+            node.node_name,
+            [with_status(pod, status).to_api() for pod, status in node.pods_with_status()],
+            [e.to_api(node.node_name) for e in node.recorder.events()],
+            datetime.now(UTC),
+        )
+        return web.Response(text=page, content_type="text/html")
+
+    app = web.Application(middlewares=[counting(on_request)])
     app.router.add_get("/", index)
-    app.router.add_get("/pods", pods)
-    app.router.add_get("/pods/", pods)
-    app.router.add_get("/healthz", healthz)
     app.router.add_get("/events", events)
-    app.router.add_get("/metrics", metrics_view)
-    app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
+    add_node_routes(app, node)
     return app
 
 
@@ -213,22 +229,35 @@ async def _stream_log(
     return response
 
 
-class ReadOnlyServer:
-    def __init__(self, app: web.Application, address: str, port: int) -> None:
+class HttpServer:
+    """Serves an aiohttp app on address:port (0: a free port), over TLS with `ssl_context`."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        address: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         # handler_cancellation: a `logs -f` client that goes away ends its handler (and the
         # follow loop), instead of leaving it polling the log forever.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         self._address = address
         self._port = port
+        self._ssl = ssl_context
         self.url = ""
+        self.port = 0
 
     async def start(self) -> str:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._address, self._port, reuse_address=True)
+        site = web.TCPSite(
+            self._runner, self._address, self._port, reuse_address=True, ssl_context=self._ssl
+        )
         await site.start()
         host, port = self._runner.addresses[0][:2]
         shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{port}"
+        self.port = int(port)
+        self.url = f"{'https' if self._ssl else 'http'}://{shown}:{port}"
         return self.url
 
     async def stop(self) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 NODE = "testnode"
 URL_LINE = re.compile(r"read-only API at (http://\S+)")
+SECURE_URL_LINE = re.compile(r"kubelet API at (https://\S+)")
 
 
 class Agent:
@@ -34,6 +35,7 @@ class Agent:
         self.extra = extra
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        self.secure_url = ""  # the authenticated kubelet API (--port)
 
     def start(self, timeout: float = 20.0) -> Agent:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -48,6 +50,8 @@ class Agent:
             str(self.root),
             "--read-only-port",
             "0",
+            "--port",
+            "0",
             "--node-name",
             NODE,
             "--file-check-frequency",
@@ -60,8 +64,10 @@ class Agent:
         while time.monotonic() < deadline:
             text = self.log_path.read_bytes()[offset:].decode(errors="replace")
             match = URL_LINE.search(text)
-            if match:
+            secure = SECURE_URL_LINE.search(text)
+            if match and secure:
                 self.url = match.group(1)
+                self.secure_url = secure.group(1)
                 return self
             if self.proc.poll() is not None:
                 raise AssertionError(f"agent exited with {self.proc.returncode}:\n{text}")

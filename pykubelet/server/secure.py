@@ -1,0 +1,140 @@
+"""The kubelet API on the secure port (--port, 10250): what the API server proxies `kubectl
+logs` to, and what `kubectl top` reads through a metrics-server.
+
+Every request is authenticated and authorized first (`auth.py`); then it is served:
+
+GET /pods, /pods/                        v1 PodList of this node's pods with live status
+GET /runningpods/                        v1 PodList of the pods and containers running
+GET /healthz                             ok
+GET /containerLogs/{ns}/{pod}/{c}        a container's log (tailLines, limitBytes, previous,
+                                         follow)
+GET /configz                             {"kubeletconfig": ...}: the configuration in effect
+GET /metrics                             Prometheus metrics
+
+Streaming (/exec, /attach, /portForward, /run) and the stats endpoints are not served yet: they
+answer 501 with a Status naming what is missing, never a silent 404.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from pykubelet.runtime.base import ContainerRunState
+from pykubelet.server.auth import (
+    Authenticator,
+    Authorizer,
+    ReviewError,
+    request_attributes,
+)
+from pykubelet.server.endpoints import NodeView, add_node_routes, counting
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+NOT_YET = {
+    "exec": "exec",
+    "attach": "attach",
+    "portForward": "port-forward",
+    "run": "run",
+    "stats": "the Summary API",
+}
+
+
+def status_body(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.Response(
+        text=json.dumps(body, separators=(",", ":")),
+        status=code,
+        content_type="application/json",
+    )
+
+
+def authenticating(authenticator: Authenticator, authorizer: Authorizer, node_name: str) -> Any:
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        peercert = request.transport.get_extra_info("peercert") if request.transport else None
+        user = await authenticator.authenticate(peercert, request.headers.get("Authorization"))
+        if user is None:
+            return status_body(401, "Unauthorized", "Unauthorized")
+        attrs = request_attributes(request.method, request.path, node_name)
+        try:
+            allowed = await authorizer.authorize(user, attrs)
+        except ReviewError as exc:
+            log.warning("authorization of %s failed: %s", attrs.describe(user), exc)
+            return status_body(
+                500, "InternalError", f"Authorization error ({attrs.describe(user)})"
+            )
+        if not allowed:
+            return status_body(403, "Forbidden", f"Forbidden ({attrs.describe(user)})")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return check
+
+
+def build_secure_app(
+    node: NodeView,
+    authenticator: Authenticator,
+    authorizer: Authorizer,
+    configz: Callable[[], Obj],
+    on_request: Callable[[str, str, int], None] | None = None,
+) -> web.Application:
+    async def running_pods(request: web.Request) -> web.Response:
+        items = []
+        for runtime_pod in await node.runtime.list_pods():
+            running = [c for c in runtime_pod.containers if c.state is ContainerRunState.RUNNING]
+            if not running:
+                continue
+            items.append(
+                {
+                    "metadata": {
+                        "name": runtime_pod.name,
+                        "namespace": runtime_pod.namespace,
+                        "uid": runtime_pod.uid,
+                    },
+                    "spec": {
+                        "containers": [
+                            {"name": c.name, "image": c.image} for c in runtime_pod.containers
+                        ]
+                    },
+                }
+            )
+        body = {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+        return web.json_response(body)
+
+    async def config(request: web.Request) -> web.Response:
+        return web.json_response({"kubeletconfig": configz()})
+
+    async def not_yet(request: web.Request) -> web.Response:
+        first = request.path.lstrip("/").split("/", 1)[0]
+        what = NOT_YET.get(first, first)
+        return status_body(
+            501, "NotImplemented", f"{what} is not supported by pykubelet yet ({request.path})"
+        )
+
+    app = web.Application(
+        middlewares=[
+            counting(on_request),
+            authenticating(authenticator, authorizer, node.node_name),
+        ]
+    )
+    add_node_routes(app, node)
+    app.router.add_get("/runningpods/", running_pods)
+    app.router.add_get("/configz", config)
+    for prefix in NOT_YET:
+        app.router.add_route("*", f"/{prefix}/{{tail:.*}}", not_yet)
+    return app

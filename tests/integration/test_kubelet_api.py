@@ -1,0 +1,270 @@
+"""The authenticated kubelet API (--port), end to end: the real agent in cluster mode, the fixture
+API server proxying `kubectl logs` to it with its client certificate, and the real `kubectl`.
+
+The agent runs as kubeadm configures a kubelet: client certificates verified against the API
+server's CA (--client-ca-file), bearer tokens through TokenReview, authorization through
+SubjectAccessReview, no anonymous access.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.apiserver import ApiServer
+from tests.fixtures.apiserver.pki import make_ca, make_client_cert, write_pem
+from tests.integration.agent import Agent, wait_for
+from tests.integration.test_cluster import KubeClient, pod_body, running_in_api
+
+Obj = dict[str, Any]
+NODE = "api-node"
+KUBECTL = shutil.which("kubectl")
+
+
+@pytest.fixture
+def apiserver() -> Iterator[ApiServer]:
+    # HTTPS, as a real API server: kubectl sends no token over plain http.
+    server = ApiServer(bookmark_interval=0.5, tls=True)
+    server.start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def node(
+    apiserver: ApiServer, start_agent: Callable[..., Agent], tmp_path: Path
+) -> tuple[Agent, KubeClient, Path]:
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+    agent = start_agent(
+        "--kubeconfig",
+        str(kubeconfig),
+        "--node-name",
+        NODE,
+        "--node-ip",
+        "127.0.0.1",
+        "--client-ca-file",
+        str(apiserver.kubelet_client_ca),
+        "--authentication-token-webhook",
+        "--authorization-mode",
+        "Webhook",
+    )
+    client = KubeClient(kubeconfig)
+    wait_for(
+        "the node advertising its kubelet port",
+        lambda: (
+            (n := client.node(NODE))
+            and n["status"].get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port")
+        ),
+    )
+    return agent, client, kubeconfig
+
+
+def kubectl(kubeconfig: Path, *args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    assert KUBECTL is not None, "kubectl is not installed (the machine image ships 1.32)"
+    return subprocess.run(
+        [KUBECTL, "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "HOME": str(kubeconfig.parent)},
+    )
+
+
+def call(
+    agent: Agent,
+    path: str,
+    *,
+    token: str | None = None,
+    cert: tuple[Path, Path] | None = None,
+    method: str = "GET",
+) -> tuple[int, str]:
+    url = urllib.parse.urlsplit(agent.secure_url)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # the node's self-signed serving certificate
+    if cert is not None:
+        ctx.load_cert_chain(*cert)
+    conn = http.client.HTTPSConnection(url.hostname or "", url.port, context=ctx, timeout=10)
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        conn.request(method, path, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def status_of(body: str) -> Obj:
+    data: Obj = json.loads(body)
+    assert data["kind"] == "Status", data
+    return data
+
+
+def test_kubectl_logs_reach_the_node_through_the_api_server(
+    node: tuple[Agent, KubeClient, Path], apiserver: ApiServer
+) -> None:
+    agent, client, kubeconfig = node
+    client.create_pod(
+        pod_body(
+            "talker",
+            NODE,
+            "for i in 1 2 3; do echo line $i; done; while true; do echo tick; sleep 0.3; done",
+        )
+    )
+    wait_for("the pod running", lambda: running_in_api(client, "talker"), timeout=30)
+
+    out = wait_for(
+        "kubectl logs to show the first lines",
+        lambda: (
+            (r := kubectl(kubeconfig, "logs", "talker")).returncode == 0
+            and "line 3" in r.stdout
+            and r
+        ),
+    )
+    assert out.stdout.startswith("line 1\nline 2\nline 3\n"), out.stdout[:200]
+
+    tail = kubectl(kubeconfig, "logs", "talker", "--tail=1")
+    assert tail.returncode == 0, tail.stderr
+    assert tail.stdout == "tick\n"
+
+    limited = kubectl(kubeconfig, "logs", "talker", "--limit-bytes=7")
+    assert limited.returncode == 0, limited.stderr
+    assert limited.stdout == "line 1\n"
+
+    # -f streams what the container writes after it started.
+    assert KUBECTL is not None
+    follow = subprocess.Popen(
+        [KUBECTL, "--kubeconfig", str(kubeconfig), "logs", "-f", "--tail=1", "talker"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HOME": str(kubeconfig.parent)},
+    )
+    try:
+        assert follow.stdout is not None
+        lines = [follow.stdout.readline() for _ in range(3)]
+        assert lines == ["tick\n"] * 3, lines
+    finally:
+        follow.kill()
+        follow.wait(timeout=10)
+
+    wrong = kubectl(kubeconfig, "logs", "talker", "-c", "nope")
+    assert wrong.returncode != 0
+    assert "container nope is not valid for pod talker" in wrong.stderr
+
+    # The API server came as its client certificate says (system:masters), and the node asked
+    # the API server whether that user may use nodes/proxy.
+    asked = [r["spec"] for r in apiserver.reviews() if r["kind"] == "SubjectAccessReview"]
+    assert {
+        "user": "kube-apiserver-kubelet-client",
+        "groups": ["system:masters"],
+        "resourceAttributes": {
+            "verb": "get",
+            "group": "",
+            "version": "v1",
+            "resource": "nodes",
+            "subresource": "proxy",
+            "name": NODE,
+            "namespace": "",
+        },
+    } in asked
+
+    # The Node says where its kubelet listens, and under which names.
+    status = client.node(NODE)["status"]  # type: ignore[index]
+    port = status["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+    assert agent.secure_url.endswith(f":{port}")
+    addresses = {a["type"]: a["address"] for a in status["addresses"]}
+    assert addresses == {"InternalIP": "127.0.0.1", "Hostname": socket.gethostname()}
+
+
+def test_the_kubelet_api_authenticates_and_authorizes_every_request(
+    node: tuple[Agent, KubeClient, Path], apiserver: ApiServer, tmp_path: Path
+) -> None:
+    agent, _, _ = node
+    apiserver.add_token("alice-token", "alice", ("developers",))
+    apiserver.add_token("bob-token", "bob")
+    apiserver.add_token("carol-token", "carol")
+    apiserver.grant("bob", "nodes/metrics", ["get"])
+    apiserver.grant("developers", "nodes/proxy", ["get", "create"])
+
+    # No credentials, or a token the API server does not know: 401, with a Status.
+    for token in (None, "no-such-token"):
+        code, body = call(agent, "/pods", token=token)
+        assert code == 401, body
+        assert status_of(body)["reason"] == "Unauthorized"
+
+    # Known, but not allowed: 403 naming the user and what was asked, as the kubelet says it.
+    code, body = call(agent, "/pods", token="carol-token")
+    assert code == 403, body
+    assert status_of(body)["message"] == (
+        "Forbidden (user=carol, verb=get, resource=nodes, subresource=proxy)"
+    )
+
+    # The kubelet's subresources: /metrics is nodes/metrics, everything else nodes/proxy.
+    assert call(agent, "/metrics", token="bob-token")[0] == 200
+    code, body = call(agent, "/pods", token="bob-token")
+    assert code == 403 and "subresource=proxy" in status_of(body)["message"]
+
+    # A grant to a group: alice is in it.
+    code, body = call(agent, "/pods", token="alice-token")
+    assert code == 200, body
+    assert json.loads(body)["kind"] == "PodList"
+
+    # What pykubelet does not serve yet says so.
+    code, body = call(
+        agent, "/exec/default/talker/main?command=true", token="alice-token", method="POST"
+    )
+    assert code == 501, body
+    assert "exec is not supported by pykubelet yet" in status_of(body)["message"]
+
+    # Tokens are reviewed once and the answer kept.
+    reviews = len([r for r in apiserver.reviews() if r["kind"] == "TokenReview"])
+    for _ in range(3):
+        call(agent, "/healthz", token="alice-token")
+    assert len([r for r in apiserver.reviews() if r["kind"] == "TokenReview"]) == reviews
+
+    # A client certificate of the API server's CA is a user; one from another CA never gets
+    # past the TLS handshake.
+    assert call(agent, "/healthz", cert=apiserver.pki.kubelet_client) == (200, "ok")
+    other_ca = make_ca("someone-else")
+    stranger = write_pem(tmp_path / "pki", "stranger", *make_client_cert(other_ca, "admin", None))
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        call(agent, "/healthz", cert=stranger)
+
+
+def test_a_bad_serving_certificate_stops_the_agent_with_the_file_named(
+    start_agent: Callable[..., Agent], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.crt"
+    bad.write_text("not a certificate\n")
+    with pytest.raises(AssertionError) as failed:
+        start_agent("--tls-cert-file", str(bad), "--tls-private-key-file", str(bad))
+    assert f"--tls-cert-file {bad}" in str(failed.value)
+
+
+def test_the_self_signed_certificate_names_the_node_and_is_kept(
+    start_agent: Callable[..., Agent], tmp_path: Path
+) -> None:
+    agent = start_agent("--anonymous-auth")
+    code, body = call(agent, "/healthz")
+    assert (code, body) == (200, "ok")  # anonymous, AlwaysAllow
+    pki = tmp_path / "root" / "pki"
+    assert (pki / "kubelet.key").stat().st_mode & 0o777 == 0o600
+    first = (pki / "kubelet.crt").read_bytes()
+    agent.stop()
+    time.sleep(0.1)
+    start_agent("--anonymous-auth")
+    assert (pki / "kubelet.crt").read_bytes() == first
