@@ -17,6 +17,7 @@ import pytest
 from pykubelet.api.model import Pod
 from pykubelet.app import make_runtime
 from pykubelet.cmd.cli import parse_options
+from pykubelet.common.machine import read_machine_facts
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
@@ -25,9 +26,16 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     StartError,
 )
+from pykubelet.runtime.cri.client import CriClient
+from pykubelet.runtime.cri.convert import (
+    container_config,
+    linux_resources,
+    oom_score_adj,
+    sandbox_config,
+)
 from pykubelet.runtime.cri.log import CriLogDecoder, decode_records, tail_start
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
-from pykubelet.runtime.cri.runtime import CriRuntime, linux_resources, oom_score_adj
+from pykubelet.runtime.cri.runtime import CriRuntime
 from pykubelet.runtime.docker.runtime import DockerRuntime
 from tests.conftest import Containerd
 
@@ -74,6 +82,15 @@ async def runtime(containerd: Containerd, tmp_path: Path) -> AsyncIterator[CriRu
         for uid in uids:
             await rt.remove_pod(uid)
         await rt.close()
+
+
+async def cri_call(endpoint: str, name: str, request: Any, response: Any) -> Any:
+    """One call to the runtime on a connection of the test's own, as crictl would make it."""
+    client = CriClient(endpoint)
+    try:
+        return await client.call(name, request, response)
+    finally:
+        await client.close()
 
 
 async def until(what: str, check: Any, seconds: float = 20.0) -> Any:
@@ -285,7 +302,9 @@ async def test_host_network_pod_has_the_node_ip(
         await other.close()
 
 
-async def test_a_dead_sandbox_is_replaced_and_its_containers_stopped(runtime: CriRuntime) -> None:
+async def test_a_dead_sandbox_is_replaced_and_its_containers_stopped(
+    runtime: CriRuntime, containerd: Containerd
+) -> None:
     pod = make_pod("phoenix")
     runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
     first = await runtime.run_sandbox(pod)
@@ -293,7 +312,8 @@ async def test_a_dead_sandbox_is_replaced_and_its_containers_stopped(runtime: Cr
     # What a node reboot or a crashed pause process leaves: a sandbox that is not ready.
     pid = json.loads(
         (
-            await runtime._call(
+            await cri_call(
+                containerd.endpoint,
                 "PodSandboxStatus",
                 api.PodSandboxStatusRequest(pod_sandbox_id=first.id, verbose=True),
                 api.PodSandboxStatusResponse,
@@ -459,7 +479,9 @@ def test_oom_score_adj_follows_the_qos_class() -> None:
     assert oom_score_adj(burstable, config("true"), 8 * gib) == 999  # below BestEffort
 
 
-async def test_the_runtime_is_given_the_oom_score(runtime: CriRuntime) -> None:
+async def test_the_runtime_is_given_the_oom_score(
+    runtime: CriRuntime, containerd: Containerd, tmp_path: Path
+) -> None:
     burst = {"requests": {"memory": "64Mi"}}
     pod = make_pod(
         "scored", containers=[{"name": "c", "image": "busybox:test", "resources": burst}]
@@ -467,12 +489,48 @@ async def test_the_runtime_is_given_the_oom_score(runtime: CriRuntime) -> None:
     runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
     sandbox = await runtime.run_sandbox(pod)
     c = await runtime.start_container(pod, sandbox, config(FOREVER, requests={"memory": "64Mi"}))
-    reply = await runtime._call(
+    reply = await cri_call(
+        containerd.endpoint,
         "ContainerStatus",
         api.ContainerStatusRequest(container_id=c.id, verbose=True),
         api.ContainerStatusResponse,
     )
     spec = json.loads(reply.info["info"])["runtimeSpec"]
-    expected = 1000 - (1000 * 64 * 1024**2) // runtime.memory_capacity
+    memory_capacity = read_machine_facts(tmp_path).memory_kib * 1024  # what the runtime reads
+    expected = 1000 - (1000 * 64 * 1024**2) // memory_capacity
     assert spec["process"]["oomScoreAdj"] == min(expected, 999)
+    await runtime.stop_container(c, 0)
+
+
+def test_oom_score_adj_compares_quantities_not_strings() -> None:
+    # 1000m is 1 CPU and 1024Mi is 1Gi: Guaranteed, as the API server would say (api/qos.py).
+    resources = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1000m"}}
+    pod = make_pod("g", containers=[{"name": "c", "image": "x", "resources": resources}])
+    cfg = config("true", limits=resources["limits"], requests={"cpu": "1000m", "memory": "1024Mi"})
+    assert oom_score_adj(pod, cfg, 8 * 1024**3) == -997
+
+
+async def test_a_leftover_of_the_same_attempt_is_replaced(
+    runtime: CriRuntime, containerd: Containerd, tmp_path: Path
+) -> None:
+    pod = make_pod("leftover")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    cfg = config(FOREVER)
+    # What an agent killed between CreateContainer and StartContainer leaves: the name of the
+    # attempt reserved by a container the agent does not know.
+    leftover = await cri_call(
+        containerd.endpoint,
+        "CreateContainer",
+        api.CreateContainerRequest(
+            pod_sandbox_id=sandbox.id,
+            config=container_config(pod, cfg, 0),
+            sandbox_config=sandbox_config(pod, 0, str(tmp_path / "logs")),
+        ),
+        api.CreateContainerResponse,
+    )
+    c = await runtime.start_container(pod, sandbox, cfg)
+    assert c.id != leftover.container_id and c.state is ContainerRunState.RUNNING
+    [listed] = [p for p in await runtime.list_pods() if p.uid == pod.uid]
+    assert [x.id for x in listed.containers] == [c.id]
     await runtime.stop_container(c, 0)

@@ -27,17 +27,19 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     StartError,
 )
-from pykubelet.runtime.docker.engine import (
+from pykubelet.runtime.docker.convert import (
     LABEL_TYPE,
     LogDemuxer,
     container_body,
-    normalize_endpoint,
+    event_kind,
     parse_time,
     resource_limits,
     sandbox_body,
     tail_offset,
 )
 from pykubelet.runtime.docker.runtime import DockerRuntime
+from pykubelet.runtime.sandbox.engine import Kind
+from pykubelet.runtime.sandbox.naming import normalize_endpoint
 
 TIMEOUT = 5.0
 
@@ -653,3 +655,57 @@ async def test_a_dead_sandbox_is_replaced_and_its_containers_stopped(
     assert got.sandbox is not None and got.sandbox.id == second.id
     await rt.remove_pod(pod.uid)
     assert fake.containers == {}
+
+
+def test_event_kind_from_labels_or_our_names() -> None:
+    assert event_kind({LABEL_TYPE: "podsandbox"}, by_name=False) is Kind.SANDBOX
+    assert event_kind({LABEL_TYPE: "container"}, by_name=False) is Kind.CONTAINER
+    assert event_kind({"name": "k8s_POD_web_default_u_0"}, by_name=False) is None  # Docker
+    # Podman's events carry no labels: our names say what a container is.
+    assert event_kind({"name": "k8s_POD_web_default_u_0"}, by_name=True) is Kind.SANDBOX
+    assert event_kind({"name": "k8s_c_web_default_u_0"}, by_name=True) is Kind.CONTAINER
+    assert event_kind({"name": "someone-else"}, by_name=True) is None
+
+
+async def test_an_oom_event_makes_the_exit_oomkilled(
+    runtime: tuple[DockerRuntime, FakeEngine],
+) -> None:
+    rt, fake = runtime
+    pod = make_pod()
+    sandbox = await rt.run_sandbox(pod)
+    c = await rt.start_container(pod, sandbox, config("x", limits={"memory": "16Mi"}))
+    fc = fake.containers[c.id]
+    fc.status, fc.exit_code = "exited", 137  # the engine itself says OOMKilled: false
+    fake.emit("oom", fc)
+    fake.emit("die", fc)
+    await settle(fake)
+    got = await rt.get_pod(pod.uid)
+    assert got is not None and (got.containers[0].reason, got.containers[0].exit_code) == (
+        "OOMKilled",
+        137,
+    )
+
+
+async def test_a_start_event_finds_a_container_not_known_yet(
+    runtime: tuple[DockerRuntime, FakeEngine],
+) -> None:
+    rt, fake = runtime
+    seen: list[str] = []
+    rt.add_listener(seen.append)
+    labels = {
+        LABEL_POD_UID: "u2",
+        "io.kubernetes.pod.name": "p",
+        "io.kubernetes.pod.namespace": "default",
+        LABEL_TYPE: "container",
+        "io.kubernetes.container.name": "c",
+    }
+    c = fake.add("k8s_c_p_default_u2_0", labels, "running")
+    fake.emit("start", c)
+    await wait_until(lambda: "u2" in seen, "listener called")
+    got = await rt.get_pod("u2")  # from the cache: no relist
+    assert got is not None and [x.id for x in got.containers] == [c.id]
+    await settle(fake)
+    fake.calls.clear()
+    fake.emit("start", fake.add("someone-else", {"app": "x"}, "running"))
+    await settle(fake)
+    assert "inspect" not in fake.calls  # not named as ours: not looked at

@@ -1,0 +1,179 @@
+"""The Docker Engine API's HTTP calls, over aiodocker (pinned): its helpers where they fit, its
+`_query` where raw streams are needed (logs, events, exec). Everything untyped about aiodocker
+stays in here.
+
+Errors: an engine that cannot be reached (or does not answer in time) is a RuntimeFailure; an
+engine that answers with an error status is an EngineError, for the caller to judge (a 404 is
+often fine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import aiodocker
+import aiohttp
+
+from pykubelet.runtime.base import RuntimeFailure
+
+API_TIMEOUT = 120.0  # one ordinary call; Podman serialises creates, so a busy engine is slow
+CONNECT_TIMEOUT = 10.0
+
+T = TypeVar("T")
+
+
+class EngineError(Exception):
+    """The engine answered with an error status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"[{status}] {message}")
+        self.status = status
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        # Docker answers 409; Podman 4.3 answers 500 "... is already in use".
+        return self.status == 409 or "already in use" in self.message
+
+
+class DockerClient:
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self._client: aiodocker.Docker | None = None
+
+    async def open(self) -> dict[str, str]:
+        """Connect; the headers of /_ping (Api-Version, Server, Libpod-Api-Version)."""
+        try:
+            self._client = aiodocker.Docker(
+                url=self.endpoint,
+                timeout=aiohttp.ClientTimeout(total=API_TIMEOUT, connect=CONNECT_TIMEOUT),
+            )
+        except ValueError as e:
+            raise RuntimeFailure(f"bad container runtime endpoint {self.endpoint!r}: {e}") from e
+
+        async def ping(c: aiodocker.Docker) -> dict[str, str]:
+            async with c._query("_ping", versioned_api=False) as resp:
+                await resp.read()
+                return dict(resp.headers)
+
+        try:
+            headers = await self._call(ping)
+        except EngineError as e:
+            await self.close()
+            raise RuntimeFailure(
+                f"{self.endpoint} does not answer as a Docker Engine API: {e}"
+            ) from e
+        except RuntimeFailure:
+            await self.close()
+            raise
+        # From /_ping, not /version: Podman answers /version in 0.36 s (it runs conmon and runc
+        # to ask theirs), and aiodocker would ask it before the first call if not told.
+        assert self._client is not None
+        self._client.api_version = f"v{headers.get('Api-Version', '1.41')}"
+        return headers
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def json(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
+    ) -> Any:
+        return await self._call(lambda c: c._query_json(path, method, params=params, data=body))
+
+    async def post(
+        self, path: str, params: dict[str, str] | None = None, deadline: float = API_TIMEOUT
+    ) -> None:
+        async def call(c: aiodocker.Docker) -> None:
+            async with c._query(path, "POST", params=params, timeout=_timeout(deadline)) as resp:
+                await resp.read()
+
+        await self._call(call)
+
+    async def delete(self, path: str, params: dict[str, str]) -> None:
+        async def call(c: aiodocker.Docker) -> None:
+            async with c._query(path, "DELETE", params=params) as resp:
+                await resp.read()
+
+        await self._call(call)
+
+    async def pull(self, image: str) -> None:
+        """Pull, with no deadline of its own (the caller sets one). EngineError if the engine
+        says the pull failed, or the connection broke off during it (status 0)."""
+        client = self._require()
+        try:
+            await client.images.pull(image, timeout=None)
+        except aiodocker.DockerError as e:
+            if e.status == 900:
+                raise RuntimeFailure(f"cannot reach the container engine: {e.message}") from e
+            raise EngineError(e.status, e.message) from e
+        except aiohttp.ClientError as e:
+            raise EngineError(0, str(e)) from e
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        params: dict[str, str],
+        deadline: float | None = API_TIMEOUT,
+        body: dict[str, Any] | None = None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        client = self._require()
+        with self._errors():
+            # None: no deadline at all (a log followed, the event stream), but still one to
+            # connect, so a dead engine is reported.
+            limit = (
+                aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT)
+                if deadline is None
+                else _timeout(deadline)
+            )
+            async with client._query(
+                path,
+                method,
+                params=params,
+                timeout=limit,
+                data=None if body is None else json.dumps(body),
+                headers=None if body is None else {"Content-Type": "application/json"},
+            ) as resp:
+                yield resp
+
+    def _require(self) -> aiodocker.Docker:
+        if self._client is None:
+            raise RuntimeFailure("the docker runtime is not started")
+        return self._client
+
+    async def _call(self, call: Callable[[aiodocker.Docker], Awaitable[T]]) -> T:
+        client = self._require()
+        with self._errors():
+            return await call(client)
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """The client's errors as the runtime's: unreachable → RuntimeFailure, else EngineError."""
+        try:
+            yield
+        except aiodocker.DockerError as e:
+            if e.status == 900:
+                raise RuntimeFailure(
+                    f"cannot reach the container engine at {self.endpoint}: {e.message}"
+                ) from e
+            raise EngineError(e.status, e.message) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise RuntimeFailure(f"container engine at {self.endpoint}: {e!r}") from e
+
+
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=seconds, connect=CONNECT_TIMEOUT, sock_read=seconds)
