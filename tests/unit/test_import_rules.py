@@ -78,7 +78,9 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
         # A cycle between two modules of one folder, through a type-only import.
         (
             "pykubelet.common.metrics",
-            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pykubelet.common.events",
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    import pykubelet.common.events",
             "No import cycles",
         ),
     ],

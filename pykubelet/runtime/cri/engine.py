@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from pykubelet.api.model import Pod
 from pykubelet.common.machine import read_machine_facts
+from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import (
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
@@ -50,7 +51,7 @@ from pykubelet.runtime.cri.convert import (
     sandbox_entry,
     sandbox_state,
 )
-from pykubelet.runtime.cri.log import CriLogDecoder, decode_records, tail_start
+from pykubelet.runtime.cri.log import CriLogDecoder
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
 from pykubelet.runtime.sandbox.engine import (
     ChangeSink,
@@ -446,7 +447,9 @@ class CriEngine:
     ) -> bytes:
         if entry is None or not entry.log_path:
             return b""
-        return await asyncio.to_thread(_read_log, Path(entry.log_path), tail_lines, limit_bytes)
+        return await asyncio.to_thread(
+            logfiles.read_cri_log, Path(entry.log_path), tail_lines, limit_bytes
+        )
 
     async def follow_log(
         self,
@@ -460,15 +463,14 @@ class CriEngine:
         if entry is None or not entry.log_path:
             return
         path = Path(entry.log_path)
-        data, offset = await asyncio.to_thread(_read_whole_records, path, 0)
-        start = 0 if tail_lines is None else tail_start(data, tail_lines)
-        first = decode_records(data[start:])
+        first, offset = await asyncio.to_thread(logfiles.read_cri_tail, path, tail_lines)
         if first:
             yield first
         decoder = CriLogDecoder()
         while True:
             done = exited()
-            chunk, offset = await asyncio.to_thread(_read_from, path, offset)
+            chunk = await asyncio.to_thread(logfiles.read_from, path, offset)
+            offset += len(chunk)
             if chunk:
                 out = decoder.feed(chunk)
                 if out:
@@ -546,33 +548,3 @@ def _remove_log_dirs(root: Path, uid: str) -> None:
         return
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-
-
-def _read_whole_records(path: Path, offset: int) -> tuple[bytes, int]:
-    """From `offset`, the whole records (up to the last newline) and the offset after them."""
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return b"", offset
-    end = data.rfind(b"\n") + 1
-    return data[:end], offset + end
-
-
-def _read_from(path: Path, offset: int) -> tuple[bytes, int]:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return b"", offset
-    return data, offset + len(data)
-
-
-def _read_log(path: Path, tail_lines: int | None, limit_bytes: int | None) -> bytes:
-    data, _ = _read_whole_records(path, 0)
-    if tail_lines is not None:
-        data = data[tail_start(data, tail_lines) :]
-    out = decode_records(data)
-    return out if limit_bytes is None else out[: max(limit_bytes, 0)]
