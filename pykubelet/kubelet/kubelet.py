@@ -276,7 +276,9 @@ class Kubelet:
             self._workers.update_pod(UpdateType.CREATE, pod)
 
     def _uses_capacity(self, uid: str) -> bool:
-        if uid in self._rejected:
+        # The kubelet's filterOutInactivePods: rejected, known terminated (a pod that came
+        # already being deleted and was never started) or in a terminal phase.
+        if uid in self._rejected or self._workers.state_of(uid) is WorkerState.TERMINATED:
             return False
         status = self.statuses.get(uid)
         return status is None or status.phase not in TERMINAL_PHASES

@@ -44,17 +44,22 @@ class PLEG:
         self._poke = asyncio.Event()
         self.last_relist_seconds = 0.0
         self.last_relist_at = 0.0
+        self._started_at = 0.0
         runtime.add_listener(self._on_runtime_change)
 
     def _on_runtime_change(self, pod_uid: str) -> None:
         self._poke.set()
 
     def healthy(self, now: float | None = None) -> bool:
-        """Relisting keeps up: the last one finished within three periods."""
+        """Relisting keeps up: the last one finished within three periods (and ten seconds) -
+        or, before any relist succeeded, the PLEG has not run that long yet (the kubelet's
+        "pleg has yet to be successful")."""
         now = time.monotonic() if now is None else now
-        return self.last_relist_at == 0.0 or now - self.last_relist_at < 3 * self.period + 10
+        since = self.last_relist_at or self._started_at
+        return since == 0.0 or now - since < 3 * self.period + 10
 
     async def run(self) -> None:
+        self._started_at = time.monotonic()
         while True:
             # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation that
             # arrives as the event is set, and the agent would never stop.
