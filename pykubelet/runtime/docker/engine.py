@@ -57,6 +57,7 @@ from pykubelet.runtime.sandbox.engine import (
     ContainerEntry,
     Listing,
     NameInUse,
+    PullError,
     SandboxEntry,
 )
 
@@ -65,7 +66,6 @@ log = logging.getLogger(__name__)
 NAME = "docker"
 
 STOP_SLACK = 30.0  # beyond the grace period, for the engine to kill and reap
-PULL_TIMEOUT = 600.0
 EVENTS_RETRY = 1.0
 FOLLOW_IDLE = 0.5  # seconds without log data after which a follower checks for an exit
 
@@ -264,17 +264,10 @@ class DockerEngine:
         return True
 
     async def pull_image(self, image: str) -> None:
-        log.info("pulling image %s", image)
         try:
-            async with asyncio.timeout(PULL_TIMEOUT):
-                await self._client.pull(image)
-        except TimeoutError:
-            raise StartError(
-                "ErrImagePull", f'failed to pull image "{image}": no result in {PULL_TIMEOUT:g}s'
-            ) from None
+            await self._client.pull(image)
         except EngineError as e:
-            raise StartError("ErrImagePull", f'failed to pull image "{image}": {e.message}') from e
-        log.info("pulled image %s", image)
+            raise PullError(e.message) from e
 
     # --- exec -----------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from pykubelet.runtime.sandbox.engine import (
     Engine,
     Kind,
     NameInUse,
+    PullError,
     SandboxEntry,
 )
 from pykubelet.runtime.sandbox.views import container_view, pick_sandbox, pods, sandbox_view
@@ -62,6 +63,7 @@ log = logging.getLogger(__name__)
 # At start, how long to wait for the engine's change stream before listing: listening first
 # means nothing that happens while we list is missed; an engine without one is not waited for.
 WATCH_CONNECT_WAIT = 5.0
+PULL_TIMEOUT = 600.0
 
 R = TypeVar("R")
 
@@ -74,7 +76,7 @@ class SandboxRuntime(Generic[R]):
         self.infra_image = infra_image
         self._engine = engine
         self._cache = StatusCache(engine, engine.name)
-        self._pulls = SharedPulls(engine.pull_image)
+        self._pulls = SharedPulls(self._pull)
         self._listeners: list[ChangeListener] = []
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._started = False
@@ -82,6 +84,19 @@ class SandboxRuntime(Generic[R]):
         self._watching = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
+
+    async def _pull(self, image: str) -> None:
+        log.info("pulling image %s", image)
+        try:
+            async with asyncio.timeout(PULL_TIMEOUT):
+                await self._engine.pull_image(image)
+        except TimeoutError:
+            raise StartError(
+                "ErrImagePull", f'failed to pull image "{image}": no result in {PULL_TIMEOUT:g}s'
+            ) from None
+        except PullError as e:
+            raise StartError("ErrImagePull", f'failed to pull image "{image}": {e}') from e
+        log.info("pulled image %s", image)
 
     async def start(self) -> None:
         if self._started:

@@ -100,6 +100,10 @@ class Listing:
     containers: dict[str, ContainerRunState] = field(default_factory=dict)
 
 
+class PullError(Exception):
+    """The engine could not pull an image; the message is the engine's reason."""
+
+
 class NameInUse(Exception):
     """A create found the name of this attempt taken by a leftover (an interrupted earlier
     try). The core removes `leftovers` (ids or names the engine can remove by) and tries once
@@ -211,7 +215,8 @@ class Engine(Inspector, Protocol[R]):
     async def image_present(self, image: str) -> bool: ...
 
     async def pull_image(self, image: str) -> None:
-        """StartError("ErrImagePull") with the kubelet's message when the pull fails."""
+        """Pull it; PullError with the engine's reason when that fails (the core adds the
+        timeout and the kubelet's ErrImagePull message)."""
 
     async def exec_sync(
         self, id: str, name: str, command: list[str], timeout_seconds: float
