@@ -10,8 +10,8 @@ them (`pkg/apis/core/helper/qos` and `pkg/kubelet/qos/policy.go`).
 - OOM scores: Guaranteed -997 (killed last), BestEffort 1000 (first), a Burstable container by
   the share of the node's memory it requests, kept between the two.
 
-Status (`status.qosClass`), the runtimes' OOM scores and the process runtime's cgroups all use
-these functions, so a pod is one class everywhere.
+Status (`status.qosClass`) and the CRI runtime's OOM scores use these functions, so a pod is one
+class everywhere. (The docker and process runtimes set no OOM score yet.)
 """
 
 from __future__ import annotations
