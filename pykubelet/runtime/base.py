@@ -7,7 +7,7 @@ A backend (host processes, the Docker Engine API, ...) implements `Runtime`. Eve
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
@@ -208,6 +208,35 @@ async def ensure_image(
         raise
 
 
+STDOUT, STDERR = "stdout", "stderr"
+
+
+class ExecStream(Protocol):
+    """A command running in a container with its stdio attached (`kubectl exec`), or the
+    container's own stdio (`kubectl attach`). Output is bounded: a reader that does not keep
+    up stops the command's writes (a pipe or a terminal that fills), never memory."""
+
+    async def write_stdin(self, data: bytes) -> None:
+        """Send bytes to its standard input (waits while the pipe is full)."""
+
+    async def close_stdin(self) -> None:
+        """End of its input (EOF)."""
+
+    def output(self) -> AsyncIterator[tuple[str, bytes]]:
+        """(STDOUT or STDERR, bytes) as it writes them, until both are closed; with a
+        terminal everything comes as STDOUT."""
+        ...
+
+    async def resize(self, width: int, height: int) -> None:
+        """The terminal's new size (only with tty)."""
+
+    async def wait(self) -> int | None:
+        """Its exit code once it has exited (None: killed by a signal or unknown)."""
+
+    async def close(self) -> None:
+        """Kill it if it still runs and release what it holds; safe to call twice."""
+
+
 class Runtime(Protocol):
     name: str
 
@@ -267,4 +296,18 @@ class Runtime(Protocol):
         """Run a command in the running container (exec probes and hooks). `env` is the
         container's resolved environment, for backends that do not keep it. Raises
         RuntimeFailure if the container is not running or the command cannot start."""
+        ...
+
+    async def exec_stream(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        *,
+        stdin: bool,
+        tty: bool,
+    ) -> ExecStream:
+        """Start a command in the running container as exec_sync does, with its stdio
+        attached (a terminal with `tty`). Raises RuntimeFailure if the container is not
+        running, the command cannot start, or the backend cannot do it (saying why)."""
         ...

@@ -11,6 +11,7 @@ from pykubelet.runtime.base import (
     ChangeListener,
     ContainerConfig,
     ExecResult,
+    ExecStream,
     Runtime,
     RuntimeContainer,
     RuntimePod,
@@ -92,6 +93,21 @@ class InstrumentedRuntime:
         return await self._count(
             "exec_sync",
             lambda: self.inner.exec_sync(container, command, env, timeout_seconds),
+        )
+
+    async def exec_stream(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        *,
+        stdin: bool,
+        tty: bool,
+    ) -> ExecStream:
+        """Counted once, as its start: what the stream does afterwards is the command's."""
+        return await self._count(
+            "exec_stream",
+            lambda: self.inner.exec_stream(container, command, env, stdin=stdin, tty=tty),
         )
 
     def follow_log(

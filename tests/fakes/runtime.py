@@ -15,18 +15,26 @@ It keeps the promises of `pykubelet/runtime/base.py` as the real backends keep t
   a name and attempt already in use is `StartError("CreateContainerError")`, as with the CRI.
 - `exec_sync` on a container that is not running is a `RuntimeFailure`; else its result is the
   programmed one (exit 0, no output, by default), cut at `MAX_EXEC_OUTPUT`.
+- `exec_stream` on a container that is not running is a `RuntimeFailure`; else a
+  `FakeExecStream` driven by the programmed script (`set_exec_stream`), or, without one, by
+  `exec_sync`'s programmed answer (its output on stdout, then its exit code). Its output is
+  bounded as a pipe's: a command writes at most `FakeExecStream.PENDING` chunks ahead of its
+  reader, then waits; input written after its end or its EOF is dropped; it dies (exit code
+  None) when closed or when its container exits.
 - `read_log` / `follow_log` read what was written with `write_log` or a `Behaviour`'s `output`,
   with `tail_lines` and `limit_bytes` as `runtime/logfiles.py` applies them.
 
 Test controls: `behave()` (how containers of a name behave when started), `exit_container()`,
 `oom_kill()`, `kill_sandbox()`, `write_log()`, `fail()` / `heal()` (make operations raise),
-`hang()` / `release()` (make them wait), `set_exec()`; and what happened: `calls` (every call,
-in order), `ops()`, `containers()`, `latest()`, `config_of()`.
+`hang()` / `release()` (make them wait), `set_exec()`, `set_exec_stream()`; and what happened:
+`calls` (every call, in order), `ops()`, `containers()`, `latest()`, `config_of()`,
+`exec_streams` (each stream, with what it was sent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import itertools
@@ -38,6 +46,7 @@ from datetime import UTC, datetime
 from pykubelet.api.model import Pod
 from pykubelet.runtime.base import (
     MAX_EXEC_OUTPUT,
+    STDOUT,
     ChangeListener,
     ContainerConfig,
     ContainerRunState,
@@ -71,6 +80,7 @@ OPERATIONS = frozenset(
         "read_log",
         "follow_log",
         "exec_sync",
+        "exec_stream",
         "pull_image",
     }
 )
@@ -78,6 +88,9 @@ OPERATIONS = frozenset(
 ExecHandler = Callable[
     [RuntimeContainer, list[str], list[tuple[str, str]]], ExecResult | Awaitable[ExecResult]
 ]
+# The command of an exec stream: writes with `emit`, reads with `read_stdin`, ends with `exit`
+# (returning without it is exit 0).
+ExecScript = Callable[["FakeExecStream"], Awaitable[None]]
 
 
 def _now() -> datetime:
@@ -156,6 +169,7 @@ class _Container:
     log: bytearray = field(default_factory=bytearray)
     removed: bool = False
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    execs: list[FakeExecStream] = field(default_factory=list)  # exec streams that may run
 
     @property
     def alive(self) -> bool:
@@ -195,6 +209,149 @@ class _Container:
         await waiter
 
 
+class FakeExecStream:
+    """A command started by `exec_stream`, as the test (or its script) drives it. What it was
+    sent: `stdin`, `stdin_closed`, `sizes`; how it ended: `exit_code`, `killed`, `closed`."""
+
+    PENDING = 16  # chunks of output written ahead of the reader, as a pipe's buffer
+
+    def __init__(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        *,
+        stdin: bool,
+        tty: bool,
+    ) -> None:
+        self.container = container
+        self.command = command
+        self.env = env
+        self.stdin_attached = stdin
+        self.tty = tty
+        self.stdin = bytearray()
+        self.stdin_closed = False
+        self.sizes: list[tuple[int, int]] = []
+        self.exit_code: int | None = None
+        self.killed = False
+        self.closed = False
+        self._chunks: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._input: collections.deque[bytes] = collections.deque()  # b"": its EOF
+        self._changed = asyncio.Event()
+        self._exited = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.is_set()
+
+    # --- the command's side (the test's or its script's) --------------------------------------
+
+    async def emit(self, data: bytes, stream: str = STDOUT) -> None:
+        """Write `data` to STDOUT or STDERR (STDOUT with a terminal), waiting while the reader
+        is `PENDING` chunks behind; nothing is written once it has exited."""
+        while len(self._chunks) >= self.PENDING and not self.exited:
+            await self._change()
+        if not self.exited and data:
+            self._chunks.append((STDOUT if self.tty else stream, bytes(data)))
+            self._wake()
+
+    async def read_stdin(self) -> bytes:
+        """The next bytes written to its stdin; b"" at EOF (closed, or not attached)."""
+        while not self._input:
+            if not self.stdin_attached or self.exited:
+                return b""
+            await self._change()
+        data = self._input.popleft()
+        if not data:
+            self._input.appendleft(data)  # EOF stays EOF
+        self._wake()
+        return data
+
+    def exit(self, code: int | None = 0) -> None:
+        """It exits with `code` (None: killed by a signal); its output ends once read."""
+        if self.exited:
+            return
+        self.exit_code = code
+        self._exited.set()
+        self._wake()
+
+    def kill(self) -> None:
+        if not self.exited:
+            self.killed = True
+            self.exit(None)
+
+    # --- the ExecStream protocol --------------------------------------------------------------
+
+    async def write_stdin(self, data: bytes) -> None:
+        if not self.stdin_attached:
+            raise RuntimeFailure("the command's standard input is not attached")
+        while len(self._input) >= self.PENDING and not (self.exited or self.stdin_closed):
+            await self._change()
+        if self.exited or self.stdin_closed or self.closed:
+            return  # nobody reads it any more
+        self.stdin += data
+        self._input.append(bytes(data))
+        self._wake()
+
+    async def close_stdin(self) -> None:
+        if self.stdin_attached and not self.stdin_closed:
+            self.stdin_closed = True
+            self._input.append(b"")
+            self._wake()
+
+    async def output(self) -> AsyncGenerator[tuple[str, bytes], None]:
+        while True:
+            if self._chunks:
+                item = self._chunks.popleft()
+                self._wake()
+                yield item
+                continue
+            if self.exited or self.closed:
+                return
+            await self._change()
+
+    async def resize(self, width: int, height: int) -> None:
+        if self.tty:
+            self.sizes.append((width, height))
+
+    async def wait(self) -> int | None:
+        await self._exited.wait()
+        return self.exit_code
+
+    async def close(self) -> None:
+        self.kill()
+        self.closed = True
+        self._chunks.clear()
+        self._wake()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # --- inside -------------------------------------------------------------------------------
+
+    def start(self, script: ExecScript) -> None:
+        async def run() -> None:
+            try:
+                await script(self)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("the fake exec script of %s failed", self.command)
+                self.exit(None)
+            self.exit(0)
+
+        self._task = asyncio.get_running_loop().create_task(run())
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _change(self) -> None:
+        await self._changed.wait()
+
+
 @dataclass
 class _Pod:
     uid: str
@@ -221,6 +378,8 @@ class FakeRuntime:
         self._failures: list[_Failure] = []
         self._hangs: dict[str, asyncio.Event] = {}
         self._exec: dict[str | None, ExecResult | ExecHandler | Exception] = {}
+        self._exec_scripts: dict[str | None, ExecScript] = {}
+        self.exec_streams: list[FakeExecStream] = []
         self._ids = itertools.count(1)
         self._pids = itertools.count(1000)
         self._ips = itertools.count(2)
@@ -271,6 +430,11 @@ class FakeRuntime:
         """What `exec_sync` answers (for containers of that name, or all): a result, a
         function `(container, command, env) -> ExecResult` (may be async), or an exception."""
         self._exec[container] = result
+
+    def set_exec_stream(self, script: ExecScript, *, container: str | None = None) -> None:
+        """The command `exec_stream` starts (in containers of that name, or all): an async
+        function of its `FakeExecStream`, run as a task."""
+        self._exec_scripts[container] = script
 
     def exit_container(
         self,
@@ -528,7 +692,47 @@ class FakeRuntime:
             result = await produced if inspect.isawaitable(produced) else produced
         return ExecResult(result.exit_code, result.output[:MAX_EXEC_OUTPUT])
 
+    async def exec_stream(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        *,
+        stdin: bool,
+        tty: bool,
+    ) -> FakeExecStream:
+        await self._enter("exec_stream", container.pod_uid, container.name, " ".join(command))
+        rec = self._record(container)
+        if rec is None or rec.state is not ContainerRunState.RUNNING:
+            raise RuntimeFailure(f"container {container.name} is not running")
+        script = self._exec_scripts.get(container.name, self._exec_scripts.get(None))
+        if script is None:
+            answer = self._exec.get(container.name, self._exec.get(None, ExecResult(0, b"")))
+            if isinstance(answer, Exception):
+                raise answer
+            script = self._script_of(answer)
+        stream = FakeExecStream(container, command, env, stdin=stdin, tty=tty)
+        rec.execs.append(stream)
+        self.exec_streams.append(stream)
+        stream.start(script)
+        return stream
+
     # --- inside -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _script_of(answer: ExecResult | ExecHandler) -> ExecScript:
+        """exec_sync's programmed answer as a command: its output on stdout, its exit code."""
+
+        async def script(stream: FakeExecStream) -> None:
+            if isinstance(answer, ExecResult):
+                result = answer
+            else:
+                produced = answer(stream.container, stream.command, stream.env)
+                result = await produced if inspect.isawaitable(produced) else produced
+            await stream.emit(result.output)
+            stream.exit(result.exit_code)
+
+        return script
 
     async def _enter(
         self, op: str, pod_uid: str = "", container: str = "", detail: str = ""
@@ -565,6 +769,9 @@ class FakeRuntime:
         if not rec.alive or rec.removed:
             return
         rec.state = ContainerRunState.EXITED
+        for stream in rec.execs:  # they die with it, as in its PID namespace
+            stream.kill()
+        rec.execs.clear()
         rec.finished_at = _now()
         rec.exit_code = code
         rec.reason = reason or _reason(code)

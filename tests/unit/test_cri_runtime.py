@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from pykubelet.app import make_runtime
 from pykubelet.cmd.cli import parse_options
 from pykubelet.common.machine import read_machine_facts
 from pykubelet.runtime.base import (
+    STDERR,
+    STDOUT,
     ContainerConfig,
     ContainerRunState,
     Mount,
@@ -185,6 +188,61 @@ async def test_exec_stop_and_adoption(
     await runtime.remove_pod(pod.uid)
     assert await runtime.get_pod(pod.uid) is None
     assert pod.uid not in {p.uid for p in await runtime.list_pods()}
+
+
+async def test_exec_stream_without_stdin_over_exec_sync(runtime: CriRuntime) -> None:
+    pod = make_pod("exec-stream")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(pod, sandbox, config(FOREVER, env=[("GREETING", "hi")]))
+    script = "echo out; echo err >&2; echo $GREETING; exit 3"
+    stream = await runtime.exec_stream(c, ["/bin/sh", "-c", script], [], stdin=False, tty=False)
+    try:
+        chunks = [chunk async for chunk in stream.output()]
+        assert chunks == [(STDOUT, b"out\nhi\n"), (STDERR, b"err\n")]
+        assert await stream.wait() == 3
+    finally:
+        await stream.close()
+
+    # Longer than the moment exec_stream waits for a failure: the output comes at its end.
+    started = time.monotonic()
+    stream = await runtime.exec_stream(
+        c, ["/bin/sh", "-c", "sleep 2; echo late"], [], stdin=False, tty=False
+    )
+    try:
+        assert time.monotonic() - started < 2
+        assert [chunk async for chunk in stream.output()] == [(STDOUT, b"late\n")]
+        assert await stream.wait() == 0
+    finally:
+        await stream.close()
+
+    # Closed while it runs: the call is cancelled, and the runtime kills the command.
+    stream = await runtime.exec_stream(c, ["sleep", "600"], [], stdin=False, tty=False)
+    started = time.monotonic()
+    await stream.close()
+    assert time.monotonic() - started < 5
+
+    with pytest.raises(RuntimeFailure, match="no-such-command"):
+        await runtime.exec_stream(c, ["no-such-command"], [], stdin=False, tty=False)
+
+
+async def test_exec_stream_with_stdin_or_a_terminal_is_refused(runtime: CriRuntime) -> None:
+    pod = make_pod("exec-refused")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    c = await runtime.start_container(pod, sandbox, config(FOREVER))
+    refusal = (
+        "exec with stdin or a terminal on the remote runtime needs the CRI streaming server, "
+        "which pykubelet does not proxy yet"
+    )
+    for stdin, tty in ((True, False), (False, True), (True, True)):
+        with pytest.raises(RuntimeFailure) as e:
+            await runtime.exec_stream(c, ["cat"], [], stdin=stdin, tty=tty)
+        assert str(e.value) == refusal
+    await runtime.stop_container(c, 10)
+    await exited(runtime, c)
+    with pytest.raises(RuntimeFailure, match="not running"):
+        await runtime.exec_stream(c, ["true"], [], stdin=False, tty=False)
 
 
 async def test_memory_limit_is_reported_as_oomkilled(runtime: CriRuntime) -> None:

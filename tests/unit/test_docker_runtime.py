@@ -1,15 +1,18 @@
 """DockerRuntime against a scripted engine (an aiohttp server on a unix socket) that behaves as
 Podman 4.3 was measured to: infra containers outlive their members' removal only in order,
-names conflict with HTTP 500, events carry no labels. Plus the pure helpers."""
+names conflict with HTTP 500, events carry no labels. Plus the pure helpers, and the exec
+streams against the real engine (the session's private Podman, as tests/integration has it)."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
+import os
+import re
 import struct
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +24,13 @@ from pykubelet.api.model import Pod
 from pykubelet.api.quantity import parse_quantity
 from pykubelet.runtime.base import (
     LABEL_POD_UID,
+    STDERR,
+    STDOUT,
     ContainerConfig,
     ContainerRunState,
+    ExecStream,
     Mount,
+    RuntimeContainer,
     RuntimeFailure,
     StartError,
 )
@@ -40,6 +47,7 @@ from pykubelet.runtime.docker.convert import (
 from pykubelet.runtime.docker.runtime import DockerRuntime
 from pykubelet.runtime.sandbox.engine import Kind
 from pykubelet.runtime.sandbox.naming import normalize_endpoint
+from tests.conftest import ROOT, private_service
 
 TIMEOUT = 5.0
 
@@ -709,3 +717,133 @@ async def test_a_start_event_finds_a_container_not_known_yet(
     fake.emit("start", fake.add("someone-else", {"app": "x"}, "running"))
     await settle(fake)
     assert "inspect" not in fake.calls  # not named as ours: not looked at
+
+
+# --- exec streams, against the real engine ------------------------------------------------------
+
+REAL_TIMEOUT = 30.0
+REAL_INFRA = os.environ.get("PYKUBELET_TEST_INFRA_IMAGE", "localhost/pause:test")
+FOREVER = 'trap "exit 0" TERM; while :; do sleep 1 & wait; done'
+
+
+@pytest.fixture(scope="session")
+def podman_endpoint() -> Iterator[str]:
+    """A private Podman service for the session (scripts/podman-test-env), or the engine named
+    by $PYKUBELET_TEST_DOCKER_ENDPOINT, as tests/integration/conftest.py's container_engine."""
+    endpoint = os.environ.get("PYKUBELET_TEST_DOCKER_ENDPOINT")
+    if endpoint:
+        yield endpoint
+        return
+    with private_service(
+        ROOT / "scripts" / "podman-test-env",
+        "pykubelet-podman-",
+        "the docker runtime's tests need Podman (Debian: podman, runc, busybox-static) and root",
+        "(or point PYKUBELET_TEST_DOCKER_ENDPOINT at a running engine)",
+    ) as (endpoint, _):
+        yield endpoint
+
+
+@pytest.fixture
+async def real(podman_endpoint: str, tmp_path: Path) -> AsyncIterator[DockerRuntime]:
+    rt = DockerRuntime(podman_endpoint, REAL_INFRA, tmp_path)
+    await rt.start()
+    yield rt
+    for pod in await rt.list_pods():
+        await rt.remove_pod(pod.uid)
+    await rt.close()
+
+
+async def real_container(rt: DockerRuntime) -> RuntimeContainer:
+    pod = make_pod("exec")
+    sandbox = await rt.run_sandbox(pod)
+    cfg = config("-c", FOREVER, command=["/bin/sh"], image="localhost/busybox:test", policy="Never")
+    return await rt.start_container(pod, sandbox, cfg)
+
+
+async def collect(stream: ExecStream) -> dict[str, bytes]:
+    out = {STDOUT: b"", STDERR: b""}
+    async with asyncio.timeout(REAL_TIMEOUT):
+        async for name, data in stream.output():
+            out[name] += data
+    return out
+
+
+async def read_until(stream: ExecStream, pattern: bytes) -> bytes:
+    seen = b""
+    async with asyncio.timeout(REAL_TIMEOUT):
+        async for _, data in stream.output():
+            seen += data
+            if re.search(pattern, seen):
+                return seen
+    pytest.fail(f"{pattern!r} never came; got {seen!r}")
+
+
+async def exit_code(stream: ExecStream) -> int | None:
+    async with asyncio.timeout(REAL_TIMEOUT):
+        return await stream.wait()
+
+
+@pytest.mark.docker
+async def test_exec_stream_keeps_stdout_and_stderr_apart_with_the_exit_code(
+    real: DockerRuntime,
+) -> None:
+    c = await real_container(real)
+    script = "echo out; echo err >&2; echo out again; exit 3"
+    stream = await real.exec_stream(c, ["/bin/sh", "-c", script], [], stdin=False, tty=False)
+    try:
+        assert await collect(stream) == {STDOUT: b"out\nout again\n", STDERR: b"err\n"}
+        assert await exit_code(stream) == 3
+    finally:
+        await stream.close()
+    await stream.close()  # twice is fine
+
+
+@pytest.mark.docker
+async def test_exec_stream_stdin_and_its_eof(real: DockerRuntime) -> None:
+    c = await real_container(real)
+    stream = await real.exec_stream(c, ["cat"], [], stdin=True, tty=False)
+    try:
+        await stream.write_stdin(b"hello\n")
+        assert await read_until(stream, b"hello\n") == b"hello\n"
+        await stream.write_stdin(b"again")
+        await stream.close_stdin()  # a half-close: cat reads its EOF and ends
+        assert await collect(stream) == {STDOUT: b"again", STDERR: b""}
+        assert await exit_code(stream) == 0
+    finally:
+        await stream.close()
+
+
+@pytest.mark.docker
+async def test_exec_stream_with_a_terminal_and_its_size(real: DockerRuntime) -> None:
+    c = await real_container(real)
+    script = "read line; tty; echo err >&2; stty size; exit 5"
+    stream = await real.exec_stream(c, ["/bin/sh", "-c", script], [], stdin=True, tty=True)
+    try:
+        await stream.resize(100, 40)
+        await stream.write_stdin(b"go\n")
+        seen = await read_until(stream, rb"40 100\r\n")
+        assert re.search(rb"/dev/pts/\d+\r\nerr\r\n40 100\r\n", seen), seen
+        rest = await collect(stream)
+        assert rest[STDERR] == b""  # a terminal has one stream
+        assert await exit_code(stream) == 5
+    finally:
+        await stream.close()
+
+
+@pytest.mark.docker
+async def test_exec_stream_close_kills_the_command(real: DockerRuntime) -> None:
+    c = await real_container(real)
+    stream = await real.exec_stream(
+        c, ["/bin/sh", "-c", "echo started; exec sleep 600"], [], stdin=False, tty=False
+    )
+    await read_until(stream, b"started\n")
+    await stream.close()
+    assert await exit_code(stream) == 137  # SIGKILL, as the engine reports it
+
+
+@pytest.mark.docker
+async def test_exec_stream_needs_a_running_container(real: DockerRuntime) -> None:
+    c = await real_container(real)
+    await real.stop_container(c, 5)
+    with pytest.raises(RuntimeFailure, match="not running"):
+        await real.exec_stream(c, ["true"], [], stdin=False, tty=False)

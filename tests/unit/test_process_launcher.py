@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import uuid
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pykubelet.runtime.base import ContainerConfig, ContainerRunState, Mount, StartError
+from pykubelet.runtime.base import STDOUT, ContainerConfig, ContainerRunState, Mount, StartError
 from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.unit.test_process_runtime import (
     config,
@@ -231,3 +232,30 @@ async def test_exec_runs_in_the_containers_mounts_user_and_cgroups(
     assert missing.exit_code == 127 and b"No such file" in missing.output
     await rt.stop_container(c, grace_seconds=5)
     target.rmdir()  # the mount point the launcher made, empty on the host
+
+
+async def test_exec_stream_with_a_terminal_joins_the_containers_cgroups(
+    rt: ProcessRuntime,
+) -> None:
+    pod, sb = await new_pod(rt)
+    c = await rt.start_container(pod, sb, with_(sh("exec sleep 60"), limits={"memory": "64Mi"}))
+    stream = await rt.exec_stream(
+        c, ["/bin/sh", "-c", "grep memory /proc/self/cgroup; tty"], [], stdin=False, tty=True
+    )
+    try:
+        out = b""
+        async with asyncio.timeout(15):
+            async for name, data in stream.output():
+                assert name == STDOUT  # a terminal has one stream
+                out += data
+            assert await stream.wait() == 0
+        lines = out.decode().split("\r\n")
+        assert lines[0].endswith(f"/pod{pod.uid}/{c.id}") and lines[1].startswith("/dev/pts/")
+    finally:
+        await stream.close()
+    # Its cgroups go at its exit, and the exec'd commands still in them with them.
+    stream = await rt.exec_stream(c, ["sleep", "60"], [], stdin=False, tty=False)
+    await rt.stop_container(c, grace_seconds=5)
+    async with asyncio.timeout(15):
+        assert await stream.wait() is None
+    await stream.close()

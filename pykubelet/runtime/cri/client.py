@@ -91,9 +91,10 @@ class CriClient:
         name: str,
         request: Any,
         response: type[T],
-        deadline: float = CALL_TIMEOUT,
+        deadline: float | None = CALL_TIMEOUT,
         service: str = "RuntimeService",
     ) -> T:
+        """One call; `deadline` None: none (a command run for as long as it takes)."""
         method = self._method(service, name, response, stream=False)
         with self._errors(name):
             result: T = await method(request, timeout=deadline)

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,8 +33,11 @@ from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import (
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
+    STDERR,
+    STDOUT,
     ContainerConfig,
     ExecResult,
+    ExecStream,
     RuntimeFailure,
     StartError,
 )
@@ -69,6 +72,7 @@ NAME = "remote"
 CONNECT_TIMEOUT = 10.0
 STOP_SLACK = 30.0  # beyond the grace period, for the runtime to kill and reap
 EXEC_SLACK = 10.0
+EXEC_START_WINDOW = 1.0  # how long exec_stream waits for a command's failure to start
 # Past the core's own timeout (sandbox/core.py), so that one says why.
 PULL_DEADLINE = 610.0
 POLL_INTERVAL = 1.0
@@ -76,6 +80,41 @@ EVENTS_RETRY = 5.0
 FOLLOW_INTERVAL = 0.2
 
 T = TypeVar("T")
+
+
+class ExecSyncStream:
+    """An ExecStream over one ExecSync call running in `task`: no stdin, no terminal, and the
+    output, stdout then stderr, once the command has exited. It is held whole, as large as the
+    runtime's reply may be (the CRI's message limit, client.MAX_MESSAGE)."""
+
+    def __init__(self, task: asyncio.Task[api.ExecSyncResponse]) -> None:
+        self._task = task
+
+    async def write_stdin(self, data: bytes) -> None:
+        raise RuntimeFailure("the command's standard input is not attached")
+
+    async def close_stdin(self) -> None:
+        """Nothing to close: it has no standard input."""
+
+    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
+        reply = await asyncio.shield(self._task)  # a reader cancelled is not a close()
+        if reply.stdout:
+            yield STDOUT, reply.stdout
+        if reply.stderr:
+            yield STDERR, reply.stderr
+
+    async def resize(self, width: int, height: int) -> None:
+        """Nothing to resize: it has no terminal."""
+
+    async def wait(self) -> int | None:
+        reply = await asyncio.shield(self._task)
+        return int(reply.exit_code)
+
+    async def close(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
 
 
 class CriEngine:
@@ -434,6 +473,46 @@ class CriEngine:
         output = (reply.stdout + reply.stderr)[:MAX_EXEC_OUTPUT]
         return ExecResult(int(reply.exit_code), output)
 
+    async def exec_stream(
+        self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
+    ) -> ExecStream:
+        """Without stdin or a terminal, ExecSync: the output comes whole once the command has
+        exited. The rest needs the CRI's Exec, whose answer is a URL of the runtime's own
+        streaming server for the kubelet to proxy the client to: not done yet."""
+        if stdin or tty:
+            raise RuntimeFailure(
+                "exec with stdin or a terminal on the remote runtime needs the CRI streaming "
+                "server, which pykubelet does not proxy yet"
+            )
+        what = f"{command[0]!r} in container {name}" if command else "nothing"
+        if not command:
+            raise RuntimeFailure(f"no command to run in container {name}")
+
+        async def run() -> api.ExecSyncResponse:
+            try:
+                # Timeout 0: none (as `kubectl exec` has none); closing the stream cancels it,
+                # which makes the runtime kill the command.
+                return await self._call(
+                    "ExecSync",
+                    api.ExecSyncRequest(container_id=id, cmd=command, timeout=0),
+                    api.ExecSyncResponse,
+                    deadline=None,
+                )
+            except CriError as e:
+                raise RuntimeFailure(f"cannot run {what}: {e.details}") from e
+
+        task = asyncio.create_task(run(), name=f"exec {what}")
+        try:
+            # Most commands that cannot start say so at once: then they fail here, as the
+            # protocol has it, not in the middle of the output.
+            await asyncio.wait([task], timeout=EXEC_START_WINDOW)
+        except BaseException:
+            task.cancel()
+            raise
+        if task.done():
+            task.result()  # raises what it failed with
+        return ExecSyncStream(task)
+
     async def read_log(
         self,
         id: str,
@@ -525,7 +604,7 @@ class CriEngine:
         name: str,
         request: Any,
         response: type[T],
-        deadline: float = CALL_TIMEOUT,
+        deadline: float | None = CALL_TIMEOUT,
         service: str = "RuntimeService",
     ) -> T:
         if self._client is None:

@@ -1,6 +1,7 @@
 """The Docker Engine API's HTTP calls, over aiodocker (pinned): its helpers where they fit, its
-`_query` where raw streams are needed (logs, events, exec). Everything untyped about aiodocker
-stays in here.
+`_query` where raw streams are needed (logs, events, exec), its `Exec` for an exec with its stdio
+attached (`ExecSession`: the hijacked connection of exec/{id}/start). Everything untyped about
+aiodocker stays in here.
 
 Errors: an engine that cannot be reached (or does not answer in time) is a RuntimeFailure; an
 engine that answers with an error status is an EngineError, for the caller to judge (a 404 is
@@ -16,6 +17,8 @@ from typing import Any, TypeVar
 
 import aiodocker
 import aiohttp
+from aiodocker.execs import Exec
+from aiodocker.stream import Stream
 
 from pykubelet.runtime.base import RuntimeFailure
 
@@ -150,6 +153,17 @@ class DockerClient:
             ) as resp:
                 yield resp
 
+    async def exec_session(self, exec_id: str, tty: bool) -> ExecSession:
+        """Start the exec `exec_id` (created with its stdio attached) on a hijacked connection."""
+        client = self._require()
+        # No deadline once connected: the command runs as long as it likes.
+        stream = Exec(client, exec_id, tty).start(
+            detach=False, timeout=aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT)
+        )
+        with self._errors():
+            await stream.__aenter__()
+        return ExecSession(self, exec_id, stream)
+
     def _require(self) -> aiodocker.Docker:
         if self._client is None:
             raise RuntimeFailure("the docker runtime is not started")
@@ -177,3 +191,60 @@ class DockerClient:
 
 def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=seconds, connect=CONNECT_TIMEOUT, sock_read=seconds)
+
+
+class ExecSession:
+    """One started exec and its hijacked connection. The engine's frames (8-byte headers unless
+    it has a terminal) are parsed by aiodocker into (1 stdout | 2 stderr, bytes); its queue holds
+    at most 64 KiB before it stops reading the socket, so an output nobody reads fills the
+    engine's buffers and then the command's pipe, never our memory."""
+
+    def __init__(self, client: DockerClient, exec_id: str, stream: Stream) -> None:
+        self.id = exec_id
+        self._client = client
+        self._stream = stream
+        self._closed = False
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """The next chunk of output, None at its end (or once closed)."""
+        if self._closed:
+            return None
+        try:
+            with self._client._errors():
+                message = await self._stream.read_out()
+        except RuntimeFailure:
+            if self._closed:
+                return None  # our own close() broke it off
+            raise
+        return None if message is None else (message.stream, message.data)
+
+    async def write(self, data: bytes) -> None:
+        """Send to its stdin, waiting while the connection's buffer is full. ConnectionError if
+        the connection is closed (the command ended, or close())."""
+        if self._closed:
+            raise ConnectionResetError("the exec's connection is closed")
+        try:
+            await self._stream.write_in(data)
+        except RuntimeError as e:  # aiodocker's "closed transport"
+            raise ConnectionResetError(str(e)) from e
+
+    def close_write(self) -> None:
+        """Half-close the connection: the engine closes the command's stdin (EOF)."""
+        resp = self._stream._resp
+        transport = None if resp is None or resp.connection is None else resp.connection.transport
+        if transport is not None and not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
+
+    async def resize(self, width: int, height: int) -> None:
+        await self._client._call(lambda c: Exec(c, self.id).resize(h=height, w=width))
+
+    async def inspect(self) -> dict[str, Any]:
+        info = await self._client.json("GET", f"exec/{self.id}/json")
+        return dict(info or {})
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            await self._stream.close()

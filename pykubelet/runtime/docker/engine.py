@@ -13,6 +13,11 @@ Changes come from the engine's event stream: an event of a container created, st
 removed makes the core refresh it; a reconnect makes it relist. Podman on cgroup v1 does not
 report OOM kills: they are watched in the container's memory cgroup (oom.py) and reported as the
 container's `oom_killed`. Podman 4.3's log `tail` corrupts partial lines: logs are cut here.
+
+An exec with its stdio attached (`kubectl exec`) is the engine's exec on a hijacked connection
+(client.py's ExecSession); the engine lets the command run on when that connection closes, so
+closing the stream kills it by the host pid the engine reports, and its end is polled, the API
+having no wait for an exec.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +36,16 @@ from pykubelet.api.model import Pod
 from pykubelet.runtime.base import (
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
+    STDERR,
+    STDOUT,
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    ExecStream,
     RuntimeFailure,
     StartError,
 )
-from pykubelet.runtime.docker.client import DockerClient, EngineError
+from pykubelet.runtime.docker.client import DockerClient, EngineError, ExecSession
 from pykubelet.runtime.docker.convert import (
     LABEL_TYPE,
     SANDBOX_NAME,
@@ -68,6 +76,8 @@ NAME = "docker"
 STOP_SLACK = 30.0  # beyond the grace period, for the engine to kill and reap
 EVENTS_RETRY = 1.0
 FOLLOW_IDLE = 0.5  # seconds without log data after which a follower checks for an exit
+WAIT_POLL_MIN = 0.02  # how often an exec's end is polled: at first, and at most
+WAIT_POLL_MAX = 0.5
 
 # Event actions after which a container's inspect result may have changed.
 _REFRESH_ACTIONS = frozenset(
@@ -75,6 +85,86 @@ _REFRESH_ACTIONS = frozenset(
 )
 # For a container we do not know yet, only these can make it one we should track.
 _DISCOVER_ACTIONS = frozenset({"start"})
+
+
+class DockerExecStream:
+    """The ExecStream of one exec of the engine (see ExecSession for its bounded output)."""
+
+    def __init__(
+        self,
+        session: ExecSession,
+        what: str,
+        *,
+        stdin: bool,
+        tty: bool,
+        kill: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._session = session
+        self._what = what
+        self._stdin = stdin
+        self._tty = tty
+        self._kill = kill
+        self._stdin_closed = False
+        self._closed = False
+
+    async def write_stdin(self, data: bytes) -> None:
+        if not self._stdin:
+            raise RuntimeFailure("the command's standard input is not attached")
+        if self._stdin_closed or self._closed:
+            return  # nobody reads it any more (as the process runtime drops it)
+        try:
+            await self._session.write(data)
+        except ConnectionError:
+            self._stdin_closed = True  # the command ended: its input goes nowhere
+
+    async def close_stdin(self) -> None:
+        if not self._stdin or self._stdin_closed or self._closed:
+            return
+        if self._tty:
+            # The engine cannot close a terminal's input: the command reads ^D, as typed.
+            await self.write_stdin(b"\x04")
+            return
+        self._stdin_closed = True
+        self._session.close_write()
+
+    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
+        while (chunk := await self._session.read()) is not None:
+            stream, data = chunk
+            yield (STDERR if stream == 2 and not self._tty else STDOUT), data
+
+    async def resize(self, width: int, height: int) -> None:
+        if not self._tty or self._closed:
+            return
+        try:
+            await self._session.resize(width, height)
+        except EngineError as e:  # it has just exited: nothing to resize
+            log.debug("cannot resize the terminal of %s: %s", self._what, e)
+
+    async def wait(self) -> int | None:
+        """The engine does not say when an exec ends: its state is polled."""
+        delay = WAIT_POLL_MIN
+        while True:
+            try:
+                info = await self._session.inspect()
+            except EngineError as e:
+                if e.not_found:
+                    return None  # gone with its container
+                raise RuntimeFailure(f"cannot learn how {self._what} ended: {e.message}") from e
+            if not info.get("Running"):
+                code = info.get("ExitCode")
+                return code if isinstance(code, int) else None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, WAIT_POLL_MAX)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            # The engine lets an exec run on when its connection closes: it is killed here.
+            await self._kill(self._session.id)
+        finally:
+            await self._session.close()
 
 
 @dataclass(frozen=True)
@@ -316,11 +406,34 @@ class DockerEngine:
             raise RuntimeFailure(f"cannot run {what}: {text}")
         return ExecResult(int(code) if isinstance(code, int) else -1, bytes(output))
 
+    async def exec_stream(
+        self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
+    ) -> ExecStream:
+        """The engine's exec with its stdio attached, on a hijacked connection. A command the
+        engine cannot start shows it on the command's output (runc's complaint) and exits
+        126 or 127, as `docker exec` shows it."""
+        what = f"{command[0]!r} in container {name}" if command else "nothing"
+        if not command:
+            raise RuntimeFailure(f"no command to run in container {name}")
+        body = {
+            "AttachStdin": stdin,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": tty,
+            "Cmd": command,
+        }
+        try:
+            created = await self._client.json("POST", f"containers/{id}/exec", body=body)
+            session = await self._client.exec_session(str(created["Id"]), tty)
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot run {what}: {e.message}") from e
+        return DockerExecStream(session, what, stdin=stdin, tty=tty, kill=self._kill_exec)
+
     async def _kill_exec(self, exec_id: str) -> None:
         try:
             info = await self._client.json("GET", f"exec/{exec_id}/json")
         except (EngineError, RuntimeFailure) as e:
-            log.warning("cannot find the exec %s that timed out: %s", exec_id[:12], e)
+            log.warning("cannot find the exec %s to kill it: %s", exec_id[:12], e)
             return
         pid = info.get("Pid")
         if info.get("Running") and isinstance(pid, int) and pid > 1:

@@ -19,10 +19,14 @@ before the exec is written to ERROR_FD as one JSON object {"stage", "errno", "me
 launcher exits 127. ERROR_FD is close-on-exec: the agent reads EOF with nothing on it once the
 exec succeeded, exactly as Popen learns of an exec error.
 
-`launcher.py --exec CONFIG_FD` runs an exec probe or hook in a running container's context
-instead: the same JSON, with "mount_ns_pid" and "mount_ns_start_time" (the container's process,
-whose mount namespace it enters) in place of mounts; a failure is written to stderr (the
-command's output) and exits 127.
+`launcher.py --exec CONFIG_FD [ERROR_FD]` runs a command in a running container's context
+instead (an exec probe or hook, `kubectl exec`): the same JSON, with "mount_ns_pid" and
+"mount_ns_start_time" (the container's process, whose mount namespace it enters) in place of
+mounts, and "tty": bool. A failure is written to stderr (the command's output) and exits 127;
+given ERROR_FD, it is reported there as for a container instead, so the agent can tell that
+the command never ran. With "tty", standard input is a terminal that becomes the command's
+controlling terminal (a new session, TIOCSCTTY) before anything else, and is given to the user
+the command runs as.
 
 A missing mount point is created on the host (the mount namespace shares the host's files): an
 empty directory, or an empty file when the source is a file, which stays there afterwards. The
@@ -449,7 +453,29 @@ def switch_user(
     return early if early is None else _chdir(cwd)
 
 
+def take_terminal(uid: int | None) -> None:
+    """Standard input, a terminal, becomes the controlling terminal of a new session (as runc
+    gives a container its console); owned by the user the command runs as, so that it can
+    change its modes and a program that checks its terminal's owner (write, mesg) works."""
+    import fcntl  # builtin modules, as pwd
+    import termios
+
+    try:
+        if os.getsid(0) != os.getpid():  # the agent starts it as a session leader already
+            os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        if uid is not None:
+            os.fchown(0, uid, -1)
+    except OSError as e:
+        raise LaunchError(
+            "tty", f"cannot make the terminal a controlling terminal: {e.strerror}", e.errno
+        ) from e
+
+
 def launch(config: dict[str, Any], error_fd: int | None) -> None:
+    if config.get("tty"):
+        uid = config.get("uid")
+        take_terminal(None if uid is None else int(uid))
     join_cgroups(list(config.get("cgroups") or []))
     if config.get("mount_ns_pid"):
         start_time = config.get("mount_ns_start_time")
@@ -483,20 +509,22 @@ def launch(config: dict[str, Any], error_fd: int | None) -> None:
 
 def main() -> None:
     exec_mode = sys.argv[1] == "--exec"
-    error_fd = 2 if exec_mode else int(sys.argv[2])
+    args = sys.argv[2:] if exec_mode else sys.argv[1:]
+    # An exec without an error pipe reports on stderr, as text: its output is all it has.
+    error_fd = int(args[1]) if len(args) > 1 else None
     report: dict[str, Any]
     try:
-        with os.fdopen(int(sys.argv[2] if exec_mode else sys.argv[1]), "rb") as f:
+        with os.fdopen(int(args[0]), "rb") as f:
             config = json.loads(f.read())
-        launch(config, None if exec_mode else error_fd)
+        launch(config, error_fd)
         report = {"stage": "launcher", "errno": None, "message": "exec returned"}
     except LaunchError as e:
         report = {"stage": e.stage, "errno": e.errno, "message": e.message}
     except BaseException as e:  # never a silent crash: the agent turns this into a StartError
         report = {"stage": "launcher", "errno": None, "message": f"{type(e).__name__}: {e}"}
     try:
-        if exec_mode:
-            os.write(error_fd, f"pykubelet launcher: {report['message']}\n".encode())
+        if error_fd is None:
+            os.write(2, f"pykubelet launcher: {report['message']}\n".encode())
         else:
             os.write(error_fd, json.dumps(report).encode())
     finally:

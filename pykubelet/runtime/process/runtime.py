@@ -9,6 +9,8 @@ still runs. Each attempt's output goes to a plain log file the process writes it
 There is no isolation: processes share the host's network, filesystem and users. The image is only
 recorded; the command comes from the pod spec. Containers that need cgroups, mounts or another
 user are started through the launcher (spawn.py, launcher.py); limits are cgroups (cgroups.py).
+A command run in a container (exec probes and hooks, `kubectl exec` with its stdio attached:
+execstream.py) sees the machine as the container's main process does, and dies with it.
 
 This module is the `ProcessRuntime` class: the Runtime protocol over those pieces, the locking
 that orders starts, stops and removals of a pod, and the handling of exits. Exits are watched with
@@ -39,6 +41,7 @@ from pykubelet.runtime.base import (
     ChangeListener,
     ContainerConfig,
     ExecResult,
+    ExecStream,
     RuntimeContainer,
     RuntimeFailure,
     RuntimePod,
@@ -47,6 +50,7 @@ from pykubelet.runtime.base import (
 )
 from pykubelet.runtime.process import records, statefile
 from pykubelet.runtime.process.cgroups import Cgroups, Settings
+from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
 from pykubelet.runtime.process.processes import ID_VARIABLE, boot_id, kill_group, reap
 from pykubelet.runtime.process.records import (
@@ -59,6 +63,7 @@ from pykubelet.runtime.process.records import (
     check_component,
 )
 from pykubelet.runtime.process.spawn import (
+    ExecPlan,
     container_env,
     exec_context,
     exec_launched,
@@ -107,6 +112,8 @@ class ProcessRuntime:
         self._listeners: list[ChangeListener] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The exec streams open in each container (by its id): killed when it exits.
+        self._execs: dict[str, set[ProcessExecStream]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -215,10 +222,45 @@ class ProcessRuntime:
     ) -> ExecResult:
         """As the container's main process sees the machine: its working directory, its
         environment, and, if it has them, its mount namespace (its volumes) and its user."""
+        _, plan = await self._exec_plan(container, command, env)
+        if plan.direct:
+            try:
+                return await run_command(plan.argv, plan.cwd, plan.env, timeout_seconds)
+            except (OSError, ValueError) as e:
+                raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
+        return await exec_launched(plan.enter, timeout_seconds)
+
+    async def exec_stream(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        *,
+        stdin: bool,
+        tty: bool,
+    ) -> ExecStream:
+        """As exec_sync runs it, with pipes or a terminal for its stdio (execstream.py). It
+        dies with the container, as a process in the container's PID namespace would."""
+        rec, plan = await self._exec_plan(container, command, env)
+        stream = await start_exec(plan, stdin=stdin, tty=tty, forget=self._forget_exec)
+        # The container may have exited while the command started: it must not outlive it.
+        if not rec.running or rec.finishing:
+            await stream.close()
+            raise RuntimeFailure(f"container {container.name} is not running")
+        self._execs.setdefault(rec.id, set()).add(stream)
+        return stream
+
+    async def _exec_plan(
+        self, container: RuntimeContainer, command: list[str], env: list[tuple[str, str]]
+    ) -> tuple[ContainerRecord, ExecPlan]:
+        """How to run `command` as in the running container; RuntimeFailure if it does not run
+        or its context cannot be read."""
         rec = self._find(container)
         # A finishing container has exited: its zombie has no mount namespace left to enter.
         if rec is None or not rec.running or rec.finishing:
             raise RuntimeFailure(f"container {container.name} is not running")
+        if not command:
+            raise RuntimeFailure(f"no command to run in container {container.name}")
         try:
             cwd = os.readlink(f"/proc/{rec.pid}/cwd")
         except OSError:
@@ -236,19 +278,23 @@ class ProcessRuntime:
                     f"user of its process {rec.pid}"
                 )
             enter = {}
-        if not (enter or rec.cgroup):
-            try:
-                return await run_command(command, cwd, full_env, timeout_seconds)
-            except (OSError, ValueError) as e:
-                raise RuntimeFailure(f"cannot run {command[0]!r}: {e}") from e
+        direct = not (enter or rec.cgroup)
         # As in a container: its mounts, user and cgroups (read from the live process, so this
         # holds for adopted containers too).
         if "mount_ns_pid" in enter:
             enter["mount_ns_start_time"] = rec.proc_start_time
-        enter["cgroups"] = await asyncio.to_thread(self._cgroups.procs_files, rec.pod_uid, rec.id)
+        enter["cgroups"] = (
+            []
+            if direct
+            else await asyncio.to_thread(self._cgroups.procs_files, rec.pod_uid, rec.id)
+        )
         home_of_user = not any(name == "HOME" for name, _ in env)
         enter.update(cwd=cwd, argv=command, env=full_env, home_of_user=home_of_user)
-        return await exec_launched(enter, timeout_seconds)
+        return rec, ExecPlan(command, cwd, full_env, enter, direct)
+
+    def _forget_exec(self, stream: ProcessExecStream) -> None:
+        for streams in self._execs.values():
+            streams.discard(stream)
 
     # --- sandboxes ------------------------------------------------------------------------------
 
@@ -545,6 +591,8 @@ class ProcessRuntime:
     def _record_exit(
         self, rec: ContainerRecord, code: int, reason: str, message: str | None
     ) -> None:
+        for stream in self._execs.pop(rec.id, set()):
+            stream.kill()
         rec.finished_at = _now()
         rec.exit_code, rec.reason, rec.message = code, reason, message
         log.info(

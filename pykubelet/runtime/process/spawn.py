@@ -13,7 +13,9 @@ What this module promises:
   `spawn_launched` returns once the launcher has exec'd the command, or raises its failure as
   the kubelet words it (RunContainerError, CreateContainerConfigError), the launcher killed;
 - `exec_context` and `exec_launched` run an exec probe's or hook's command with the container's
-  mounts, user and cgroups, read from its live process;
+  mounts, user and cgroups, read from its live process; `spawn_attached` starts such a command
+  (an `ExecPlan`) with the stdio it is given (`kubectl exec`), returning once it was exec'd, and
+  raises RuntimeFailure if it could not be, leaving nothing running;
 - processes get a small fixed environment (`container_env`), never the agent's; the launcher,
   which runs as root, gets only PATH.
 
@@ -31,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -99,13 +102,7 @@ def spawn(
     # would reap the child behind our back and lose its exit status.
     proc.returncode = 0
     pid = proc.pid
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError as e:
-        kill_group(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)  # SIGKILLed just now: this does not wait for long
-        raise RuntimeFailure(f"cannot watch process {pid} ({e}); it was killed") from e
+    pidfd = _open_pidfd(pid)
     # Not reaped yet, so /proc/<pid> exists even if the process has already exited.
     start_time = proc_start_time(pid)
     if start_time is None:
@@ -350,3 +347,109 @@ async def exec_launched(enter: dict[str, Any], timeout_seconds: float) -> ExecRe
         raise RuntimeFailure(f"cannot run {program!r}: {e}") from e
     finally:
         os.close(config_fd)
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    """How to run a command as in a running container: `enter` is the launcher's --exec
+    instructions (cwd, argv, env included); `direct` when a plain fork+exec with `cwd` and `env`
+    is the same (a container started as the agent's own processes are, without cgroups)."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    enter: dict[str, Any]
+    direct: bool
+
+
+async def spawn_attached(
+    plan: ExecPlan, stdin: int, stdout: int, stderr: int, *, tty: bool
+) -> tuple[int, int]:
+    """Start `plan` in a session of its own with those fds as its stdio: (pid, pidfd), once the
+    command was exec'd. With `tty`, `stdin` is a terminal's slave, which becomes its controlling
+    terminal: the launcher does that (Popen could only through a preexec_fn, which is not safe
+    beside the agent's threads), so a terminal always goes through it. RuntimeFailure if the
+    command cannot start; nothing is then left running."""
+    program = plan.argv[0]
+    if plan.direct and not tty:
+        try:
+            proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec only, as spawn()
+                plan.argv,
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                cwd=plan.cwd,
+                env=plan.env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as e:
+            why = exec_error(program, plan.cwd, e).message
+            raise RuntimeFailure(f"cannot run {program!r}: {why}") from e
+        except ValueError as e:
+            raise RuntimeFailure(f"cannot run {program!r}: {e}") from e
+        proc.returncode = 0  # reaped through the pidfd, never by subprocess' own cleanup
+        return proc.pid, _open_pidfd(proc.pid)
+    try:
+        config_fd = _memfd("pykubelet-exec", {**plan.enter, "tty": tty})
+    except OSError as e:
+        raise RuntimeFailure(f"cannot run {program!r}: {e}") from e
+    err_r, err_w = os.pipe()
+    argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", str(config_fd), str(err_w)]
+    try:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec only, as spawn()
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            cwd="/",
+            env=dict(LAUNCHER_ENV),
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=(config_fd, err_w),
+        )
+    except (OSError, ValueError) as e:
+        os.close(err_r)
+        raise RuntimeFailure(f"cannot run {program!r}: cannot start the launcher: {e}") from e
+    finally:
+        os.close(config_fd)
+        os.close(err_w)
+    proc.returncode = 0
+    try:
+        pidfd = _open_pidfd(proc.pid)
+    except BaseException:
+        os.close(err_r)
+        raise
+    try:
+        async with asyncio.timeout(LAUNCH_TIMEOUT):
+            report = await _read_until_eof(err_r)
+    except BaseException as e:
+        kill_group(proc.pid, signal.SIGKILL)
+        await _readable(pidfd)
+        reap(pidfd)
+        os.close(pidfd)
+        if isinstance(e, TimeoutError):
+            raise RuntimeFailure(
+                f"cannot run {program!r}: the launcher did not exec it within "
+                f"{LAUNCH_TIMEOUT:g} s (a mount namespace or a cgroup hanging?); it was killed"
+            ) from None
+        raise
+    finally:
+        os.close(err_r)
+    if not report:
+        return proc.pid, pidfd
+    await _readable(pidfd)  # it exits right after writing the report
+    reap(pidfd)
+    os.close(pidfd)
+    raise RuntimeFailure(f"cannot run {program!r}: {_launch_error(report, plan.enter).message}")
+
+
+def _open_pidfd(pid: int) -> int:
+    """A pidfd on our child `pid`, not reaped yet; if that fails, the child is killed."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as e:
+        kill_group(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)  # SIGKILLed just now: this does not wait for long
+        raise RuntimeFailure(f"cannot watch process {pid} ({e}); it was killed") from e

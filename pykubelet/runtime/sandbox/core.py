@@ -39,6 +39,7 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    ExecStream,
     RuntimeContainer,
     RuntimeFailure,
     RuntimePod,
@@ -364,10 +365,28 @@ class SandboxRuntime(Generic[R]):
     ) -> ExecResult:
         """Through the engine, which gives the command the container's own environment (so
         `env` is not needed)."""
+        self._check_running(container)
+        return await self._engine.exec_sync(container.id, container.name, command, timeout_seconds)
+
+    async def exec_stream(
+        self,
+        container: RuntimeContainer,
+        command: list[str],
+        env: list[tuple[str, str]],
+        *,
+        stdin: bool,
+        tty: bool,
+    ) -> ExecStream:
+        """Through the engine, as exec_sync (the container's own environment)."""
+        self._check_running(container)
+        return await self._engine.exec_stream(
+            container.id, container.name, command, stdin=stdin, tty=tty
+        )
+
+    def _check_running(self, container: RuntimeContainer) -> None:
         entry = self._cache.container(container.id)
         if entry is None or entry.state is not ContainerRunState.RUNNING:
             raise RuntimeFailure(f"container {container.name} is not running")
-        return await self._engine.exec_sync(container.id, container.name, command, timeout_seconds)
 
     async def read_log(
         self,

@@ -26,7 +26,7 @@ from enum import Enum
 from typing import Protocol, TypeVar
 
 from pykubelet.api.model import Pod
-from pykubelet.runtime.base import ContainerConfig, ContainerRunState, ExecResult
+from pykubelet.runtime.base import ContainerConfig, ContainerRunState, ExecResult, ExecStream
 
 
 class Kind(Enum):
@@ -223,6 +223,14 @@ class Engine(Inspector, Protocol[R]):
     ) -> ExecResult:
         """Run `command` in the running container `name` (for messages), with its own
         environment; killed at the timeout (exit code None)."""
+        ...
+
+    async def exec_stream(
+        self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
+    ) -> ExecStream:
+        """Start `command` in the running container `name` as exec_sync does, with its stdio
+        attached (a terminal with `tty`); RuntimeFailure if it cannot start or the engine
+        cannot do that (saying why)."""
         ...
 
     async def read_log(
