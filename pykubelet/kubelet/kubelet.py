@@ -43,7 +43,7 @@ from pykubelet.pod.volumes import ObjectLookup, VolumeManager
 from pykubelet.pod.workers import PodWorkers, UpdateType, WorkerState
 from pykubelet.probes.handlers import ActionRunner
 from pykubelet.probes.prober import ProbeManager
-from pykubelet.runtime.base import Runtime
+from pykubelet.runtime.base import ContainerRunState, Runtime, RuntimeContainer
 from pykubelet.status.generate import TERMINAL_PHASES
 from pykubelet.status.manager import StatusManager
 
@@ -139,6 +139,31 @@ class Kubelet:
 
     def find_pod(self, namespace: str, name: str) -> Pod | None:
         return self._pods.find(namespace, name)
+
+    async def running_container(
+        self, namespace: str, name: str, container: str, uid: str | None = None
+    ) -> tuple[RuntimeContainer, list[tuple[str, str]]]:
+        """The running instance of a pod's container and its environment (what exec runs
+        with); LookupError saying which part is missing."""
+        pod = self._pods.find(namespace, name)
+        if pod is None or (uid and pod.uid != uid):
+            raise LookupError(f'pod "{namespace}/{name}" not found')
+        spec = next((c for c in pod.all_containers() if c.name == container), None)
+        if spec is None:
+            raise LookupError(f'container "{container}" not found in pod "{namespace}/{name}"')
+        runtime_pod = await self.runtime.get_pod(pod.uid)
+        running = [
+            c
+            for c in (runtime_pod.containers if runtime_pod else [])
+            if c.name == container and c.state is ContainerRunState.RUNNING
+        ]
+        if not running:
+            raise LookupError(
+                f'container "{container}" in pod "{namespace}/{name}" is not running'
+            )
+        sandbox = runtime_pod.sandbox if runtime_pod else None
+        pod_ip = sandbox.ip if sandbox is not None and sandbox.ip else ""
+        return running[-1], container_env(pod, spec, self.host_ip, pod_ip)
 
     def health_problems(self) -> list[str]:
         problems = []

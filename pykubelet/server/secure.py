@@ -10,9 +10,11 @@ GET /containerLogs/{ns}/{pod}/{c}        a container's log (tailLines, limitByte
                                          follow)
 GET /configz                             {"kubeletconfig": ...}: the configuration in effect
 GET /metrics                             Prometheus metrics
+GET|POST /exec/{ns}/{pod}/[{uid}/]{c}    a command in the container (streaming/: WebSocket or
+                                         SPDY, stdin, tty, exit code)
 
-Streaming (/exec, /attach, /portForward, /run) and the stats endpoints are not served yet: they
-answer 501 with a Status naming what is missing, never a silent 404.
+/attach, /portForward, /run and the stats endpoints are not served yet: they answer 501 with a
+Status naming what is missing, never a silent 404.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from pykubelet.runtime.base import ContainerRunState
+from pykubelet.runtime.base import ContainerRunState, RuntimeContainer
 from pykubelet.server.auth import (
     Authenticator,
     Authorizer,
@@ -32,13 +34,14 @@ from pykubelet.server.auth import (
     request_attributes,
 )
 from pykubelet.server.endpoints import NodeView, add_node_routes, counting
+from pykubelet.server.streaming.remotecommand import exec_options
+from pykubelet.server.streaming.session import serve_stream
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
 NOT_YET = {
-    "exec": "exec",
     "attach": "attach",
     "portForward": "port-forward",
     "run": "run",
@@ -86,8 +89,20 @@ def authenticating(authenticator: Authenticator, authorizer: Authorizer, node_na
     return check
 
 
+class ExecTargets(Protocol):
+    async def running_container(
+        self, namespace: str, name: str, container: str, uid: str | None = None
+    ) -> tuple[RuntimeContainer, list[tuple[str, str]]]:
+        """The running container and its environment; LookupError naming what is missing."""
+        ...
+
+
+class SecureNode(NodeView, ExecTargets, Protocol):
+    """What the secure port reads from the agent."""
+
+
 def build_secure_app(
-    node: NodeView,
+    node: SecureNode,
     authenticator: Authenticator,
     authorizer: Authorizer,
     configz: Callable[[], Obj],
@@ -126,6 +141,20 @@ def build_secure_app(
             501, "NotImplemented", f"{what} is not supported by pykubelet yet ({request.path})"
         )
 
+    async def exec_command(request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        try:
+            opts = exec_options(request.query.getall("command", []), request.query)
+        except ValueError as exc:
+            return status_body(400, "BadRequest", str(exc))
+        try:
+            container, env = await node.running_container(
+                info["namespace"], info["pod"], info["container"], info.get("uid")
+            )
+        except LookupError as exc:
+            return status_body(404, "NotFound", str(exc))
+        return await serve_stream(request, node.runtime, container, env, opts)
+
     app = web.Application(
         middlewares=[
             counting(on_request),
@@ -135,6 +164,12 @@ def build_secure_app(
     add_node_routes(app, node)
     app.router.add_get("/runningpods/", running_pods)
     app.router.add_get("/configz", config)
+    for path in (
+        "/exec/{namespace}/{pod}/{container}",
+        "/exec/{namespace}/{pod}/{uid}/{container}",
+    ):
+        app.router.add_route("GET", path, exec_command)
+        app.router.add_route("POST", path, exec_command)
     for prefix in NOT_YET:
         app.router.add_route("*", f"/{prefix}/{{tail:.*}}", not_yet)
     return app

@@ -8,13 +8,17 @@ SubjectAccessReview, no anonymous access.
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import json
 import os
+import select
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
+import termios
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -223,12 +227,13 @@ def test_the_kubelet_api_authenticates_and_authorizes_every_request(
     assert code == 200, body
     assert json.loads(body)["kind"] == "PodList"
 
-    # What pykubelet does not serve yet says so.
-    code, body = call(
-        agent, "/exec/default/talker/main?command=true", token="alice-token", method="POST"
-    )
+    # What pykubelet does not serve yet says so; a request that makes no sense says why.
+    code, body = call(agent, "/attach/default/web/main", token="alice-token", method="POST")
     assert code == 501, body
-    assert "exec is not supported by pykubelet yet" in status_of(body)["message"]
+    assert "attach is not supported by pykubelet yet" in status_of(body)["message"]
+    code, body = call(agent, "/exec/default/web/main?command=true", token="alice-token")
+    assert code == 400, body
+    assert status_of(body)["message"] == "you must specify at least 1 of stdin, stdout, stderr"
 
     # Tokens are reviewed once and the answer kept.
     reviews = len([r for r in apiserver.reviews() if r["kind"] == "TokenReview"])
@@ -268,3 +273,118 @@ def test_the_self_signed_certificate_names_the_node_and_is_kept(
     time.sleep(0.1)
     start_agent("--anonymous-auth")
     assert (pki / "kubelet.crt").read_bytes() == first
+
+
+# --- kubectl exec, through the API server, over both wire protocols -------------------------------
+
+PROTOCOLS = pytest.mark.parametrize("websockets", ["true", "false"], ids=["websocket", "spdy"])
+
+
+def kubectl_exec(
+    kubeconfig: Path, websockets: str, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    assert KUBECTL is not None, "kubectl is not installed (the machine image ships 1.32)"
+    return subprocess.run(
+        [KUBECTL, "--kubeconfig", str(kubeconfig), "exec", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        input=stdin,
+        stdin=None if stdin is not None else subprocess.DEVNULL,
+        env={
+            **os.environ,
+            "HOME": str(kubeconfig.parent),
+            # false: SPDY/3.1 all the way, as kubectl before 1.30 and the API server speak it.
+            "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": websockets,
+        },
+    )
+
+
+def shell_pod(client: KubeClient, name: str) -> None:
+    client.create_pod(pod_body(name, NODE, "while true; do sleep 0.5; done"))
+    wait_for("the pod running", lambda: running_in_api(client, name), timeout=30)
+
+
+@PROTOCOLS
+def test_kubectl_exec_runs_a_command_with_its_output_and_exit_code(
+    node: tuple[Agent, KubeClient, Path], websockets: str
+) -> None:
+    agent, client, kubeconfig = node
+    shell_pod(client, "shell")
+    done = kubectl_exec(
+        kubeconfig, websockets, "shell", "--", "sh", "-c", "echo out; echo err >&2; exit 3"
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "out\n"
+    assert "err\n" in done.stderr
+    assert "command terminated with exit code 3" in done.stderr
+
+    ok = kubectl_exec(kubeconfig, websockets, "shell", "-c", "main", "--", "true")
+    assert (ok.returncode, ok.stdout) == (0, ""), ok.stderr
+
+    # stdin reaches the command, and its end ends cat.
+    text = "hello\nworld\n"
+    echoed = kubectl_exec(kubeconfig, websockets, "-i", "shell", "--", "cat", stdin=text)
+    assert (echoed.returncode, echoed.stdout) == (0, text), echoed.stderr
+
+    missing = kubectl_exec(kubeconfig, websockets, "shell", "--", "/no/such/program")
+    assert missing.returncode != 0
+    assert "/no/such/program" in missing.stderr
+
+    # It went over the protocol asked for, to the kubelet itself (the API server relays it).
+    transport = "WebSocket (v5.channel.k8s.io)" if websockets == "true" else "SPDY/3.1 (v5"
+    assert f"exec in container main of pod default/shell over {transport}" in agent.log()
+
+
+@PROTOCOLS
+def test_kubectl_exec_with_a_terminal(
+    node: tuple[Agent, KubeClient, Path], websockets: str
+) -> None:
+    """`kubectl exec -it`: the command gets a terminal of the size of kubectl's."""
+    _, client, kubeconfig = node
+    shell_pod(client, "tty")
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 111, 0, 0))
+    assert KUBECTL is not None
+    proc = subprocess.Popen(
+        [
+            KUBECTL,
+            "--kubeconfig",
+            str(kubeconfig),
+            "exec",
+            "-it",
+            "tty",
+            "--",
+            "sh",
+            "-c",
+            "tty; stty size",
+        ],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={
+            **os.environ,
+            "HOME": str(kubeconfig.parent),
+            "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": websockets,
+        },
+        start_new_session=True,
+    )
+    os.close(slave)
+    output = b""
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    output += os.read(master, 4096)
+                except OSError:
+                    break
+        assert proc.wait(timeout=10) == 0, output
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert "/dev/pts/" in text, text
+    assert "33 111" in text, text

@@ -1,0 +1,212 @@
+"""One streaming request of the kubelet API, from the upgrade to the end of the session: the
+transport is chosen by the request (`Upgrade: websocket` or `Upgrade: SPDY/3.1`), the protocol
+version is negotiated, the command is started in the container, and `remotecommand.serve_exec`
+runs the session.
+
+SPDY, as the API server speaks it to kubelets: the client offers versions in
+`X-Stream-Protocol-Version` headers (none: `channel.k8s.io`), the newest both speak is chosen
+(none in common: 403, as the kubelet's handshake), then the client opens one stream per
+`streamType` (error always; stdin, stdout, stderr as asked; resize with a terminal from v3),
+each within 30 s of the upgrade (the kubelet's stream creation timeout).
+
+A command that cannot start (the container stopped meanwhile, a program that is not there) ends
+the session with an InternalError Status on the error stream, as the kubelet's exec does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from pykubelet.runtime.base import STDERR, STDOUT, Runtime, RuntimeContainer, RuntimeFailure
+from pykubelet.server.streaming.hijack import upgrade_to_spdy
+from pykubelet.server.streaming.remotecommand import (
+    SPDY_PROTOCOLS,
+    V1,
+    V2,
+    V4,
+    V5,
+    Channels,
+    ExecOptions,
+    ResizeDecoder,
+    error_status,
+    serve_exec,
+    status_text,
+)
+from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
+from pykubelet.server.streaming.websocket import WebSocketChannels, is_websocket
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+STREAM_CREATION_TIMEOUT = 30.0
+# The kubelet's streamingConnectionIdleTimeout.
+IDLE_TIMEOUT = 4 * 3600.0
+PROTOCOL_HEADER = "X-Stream-Protocol-Version"
+
+
+def _status_response(code: int, reason: str, message: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    return web.json_response(body, status=code)
+
+
+async def serve_stream(
+    request: web.Request,
+    runtime: Runtime,
+    container: RuntimeContainer,
+    env: list[tuple[str, str]],
+    opts: ExecOptions,
+) -> web.StreamResponse:
+    if is_websocket(request):
+        ws = await WebSocketChannels.open(request, opts)
+        log.info(
+            "exec in container %s of pod %s/%s over WebSocket (%s)",
+            container.name,
+            container.pod_namespace,
+            container.pod_name,
+            ws.response.ws_protocol or "channel.k8s.io",
+        )
+        await _run(ws, runtime, container, env, opts)
+        return ws.response
+    if request.headers.get("Upgrade", "").lower() != "spdy/3.1":
+        return _status_response(
+            400,
+            "BadRequest",
+            "exec needs a streaming upgrade: Upgrade: websocket or Upgrade: SPDY/3.1",
+        )
+    offered = [
+        v.strip()
+        for header in request.headers.getall(PROTOCOL_HEADER, [])
+        for v in header.split(",")
+        if v.strip()
+    ]
+    protocol = next((p for p in SPDY_PROTOCOLS if p in offered), None) if offered else V1
+    if protocol is None:
+        return _status_response(
+            403,
+            "Forbidden",
+            f"unable to upgrade: unable to negotiate protocol: client supports {offered}, "
+            f"server supports {list(SPDY_PROTOCOLS)}",
+        )
+    headers = {PROTOCOL_HEADER: protocol} if offered else {}
+    session = await upgrade_to_spdy(request, headers, IDLE_TIMEOUT)
+    log.info(
+        "exec in container %s of pod %s/%s over SPDY/3.1 (%s)",
+        container.name,
+        container.pod_namespace,
+        container.pod_name,
+        protocol,
+    )
+    try:
+        channels = await SpdyChannels.accept(session, opts, protocol)
+    except TimeoutError:
+        log.warning("exec: the client did not open its streams in %gs", STREAM_CREATION_TIMEOUT)
+        await session.close()
+        return web.Response(status=101)
+    try:
+        await _run(channels, runtime, container, env, opts)
+    finally:
+        await session.close()
+    return web.Response(status=101)
+
+
+async def _run(
+    channels: WebSocketChannels | SpdyChannels,
+    runtime: Runtime,
+    container: RuntimeContainer,
+    env: list[tuple[str, str]],
+    opts: ExecOptions,
+) -> None:
+    try:
+        process = await runtime.exec_stream(
+            container, opts.command, env, stdin=opts.stdin, tty=opts.tty
+        )
+    except RuntimeFailure as exc:
+        await channels.finish(error_status(f"error executing command in container: {exc}"))
+        return
+    try:
+        await serve_exec(channels, process, opts)
+    except RuntimeFailure as exc:
+        # The engine went away in the middle (its connection, a CRI call that failed).
+        await channels.finish(error_status(f"error executing command in container: {exc}"))
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        log.info("exec in container %s ended with the client gone: %s", container.name, exc)
+
+
+class SpdyChannels:
+    """The remote-command streams the client opened on a SPDY session."""
+
+    def __init__(self, streams: dict[str, SpdyStream], protocol: str) -> None:
+        self._streams = streams
+        self._protocol = protocol
+
+    @classmethod
+    async def accept(cls, session: SpdySession, opts: ExecOptions, protocol: str) -> SpdyChannels:
+        wanted = {"error"}
+        if opts.stdin:
+            wanted.add("stdin")
+        if opts.stdout:
+            wanted.add("stdout")
+        if opts.stderr:
+            wanted.add("stderr")
+        if opts.tty and protocol not in (V1, V2):
+            wanted.add("resize")
+        streams: dict[str, SpdyStream] = {}
+        async with asyncio.timeout(STREAM_CREATION_TIMEOUT):
+            while not wanted <= set(streams):
+                stream = await session.accept_stream()
+                if stream is None:
+                    raise TimeoutError("the client closed the session before opening its streams")
+                kind = stream.headers.get("streamtype", "")
+                await stream.reply()
+                if kind in ("error", "stdin", "stdout", "stderr", "resize"):
+                    streams[kind] = stream
+                else:
+                    log.info("exec: ignored a stream of unknown type %r", kind)
+        return cls(streams, protocol)
+
+    async def read_stdin(self) -> bytes:
+        stream = self._streams.get("stdin")
+        return await stream.read() if stream is not None else b""
+
+    async def write(self, stream: str, data: bytes) -> None:
+        target = self._streams.get("stdout" if stream == STDOUT else "stderr")
+        if target is not None and stream in (STDOUT, STDERR):
+            await target.write(data)
+
+    async def resizes(self) -> AsyncIterator[tuple[int, int]]:
+        stream = self._streams.get("resize")
+        if stream is None:
+            return
+        decoder = ResizeDecoder()
+        while data := await stream.read():
+            for size in decoder.feed(data):
+                yield size
+
+    async def finish(self, status: Obj) -> None:
+        error = self._streams["error"]
+        if self._protocol in (V4, V5):
+            await error.write(json.dumps(status).encode())
+        elif text := status_text(status):
+            await error.write(text)
+        for name in ("stdout", "stderr", "error"):
+            if (stream := self._streams.get(name)) is not None:
+                await stream.close()
+
+
+# Both transports are Channels (checked by mypy).
+_TRANSPORTS: tuple[type[Channels], ...] = (SpdyChannels, WebSocketChannels)
