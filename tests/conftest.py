@@ -14,6 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTAINERD_SCRIPT = ROOT / "scripts" / "containerd-test-env"
+PODMAN_SCRIPT = ROOT / "scripts" / "podman-test-env"
+# An engine already running (Docker, or a Podman service) instead of the private Podman.
+DOCKER_ENDPOINT_VARIABLE = "PYKUBELET_TEST_DOCKER_ENDPOINT"
 # A CRI runtime already running (its socket) instead of the private containerd; it must have
 # localhost/pause:test and busybox:test (see the script).
 CRI_ENDPOINT_VARIABLE = "PYKUBELET_TEST_CRI_ENDPOINT"
@@ -73,3 +76,22 @@ def containerd() -> Iterator[Containerd]:
         f"(or point {CRI_ENDPOINT_VARIABLE} at a running CRI runtime)",
     ) as (endpoint, directory):
         yield Containerd(endpoint, (directory / "gateway").read_text().strip())
+
+
+@pytest.fixture(scope="session")
+def podman_endpoint() -> Iterator[str]:
+    """A private Podman service for the session (scripts/podman-test-env), or the engine named
+    by $PYKUBELET_TEST_DOCKER_ENDPOINT; one for the unit and the integration tests alike.
+    Without one the docker runtime's tests fail: they are part of what `make test` checks, and a
+    skip would hide that they never ran."""
+    endpoint = os.environ.get(DOCKER_ENDPOINT_VARIABLE)
+    if endpoint:
+        yield endpoint
+        return
+    with private_service(
+        PODMAN_SCRIPT,
+        "pykubelet-podman-",
+        "the docker runtime's tests need Podman (Debian: podman, runc, busybox-static) and root",
+        f"(or point {DOCKER_ENDPOINT_VARIABLE} at a running engine)",
+    ) as (endpoint, _):
+        yield endpoint

@@ -7,13 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Containerd, private_service
+from tests.conftest import Containerd
 from tests.integration.agent import Agent, Backend, CriEngine, Engine
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV_SCRIPT = ROOT / "scripts" / "podman-test-env"
-# An engine already running (Docker, or a Podman service) instead of the private one.
-ENDPOINT_VARIABLE = "PYKUBELET_TEST_DOCKER_ENDPOINT"
 INFRA_IMAGE_VARIABLE = "PYKUBELET_TEST_INFRA_IMAGE"
 
 
@@ -50,21 +46,9 @@ def start_agent(
 
 
 @pytest.fixture(scope="session")
-def container_engine() -> Iterator[Engine]:
-    """A private Podman service for the session (scripts/podman-test-env), or the engine named
-    by $PYKUBELET_TEST_DOCKER_ENDPOINT. Without one the docker runtime's tests fail: they are
-    part of what `make test` checks, and a skip would hide that they never ran."""
-    endpoint = os.environ.get(ENDPOINT_VARIABLE)
-    if endpoint:
-        yield Engine(endpoint)
-        return
-    with private_service(
-        ENV_SCRIPT,
-        "pykubelet-podman-",
-        "the docker runtime's tests need Podman (Debian: podman, runc, busybox-static) and root",
-        f"(or point {ENDPOINT_VARIABLE} at a running engine)",
-    ) as (endpoint, _):
-        yield Engine(endpoint)
+def container_engine(podman_endpoint: str) -> Engine:
+    """The session's Docker Engine API (tests/conftest.py's podman_endpoint)."""
+    return Engine(podman_endpoint)
 
 
 def _engine_backend(

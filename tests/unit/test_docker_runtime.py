@@ -12,7 +12,7 @@ import os
 import re
 import struct
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,6 @@ from pykubelet.runtime.docker.convert import (
 from pykubelet.runtime.docker.runtime import DockerRuntime
 from pykubelet.runtime.sandbox.engine import Kind
 from pykubelet.runtime.sandbox.naming import normalize_endpoint
-from tests.conftest import ROOT, private_service
 
 TIMEOUT = 5.0
 
@@ -724,23 +723,6 @@ async def test_a_start_event_finds_a_container_not_known_yet(
 REAL_TIMEOUT = 30.0
 REAL_INFRA = os.environ.get("PYKUBELET_TEST_INFRA_IMAGE", "localhost/pause:test")
 FOREVER = 'trap "exit 0" TERM; while :; do sleep 1 & wait; done'
-
-
-@pytest.fixture(scope="session")
-def podman_endpoint() -> Iterator[str]:
-    """A private Podman service for the session (scripts/podman-test-env), or the engine named
-    by $PYKUBELET_TEST_DOCKER_ENDPOINT, as tests/integration/conftest.py's container_engine."""
-    endpoint = os.environ.get("PYKUBELET_TEST_DOCKER_ENDPOINT")
-    if endpoint:
-        yield endpoint
-        return
-    with private_service(
-        ROOT / "scripts" / "podman-test-env",
-        "pykubelet-podman-",
-        "the docker runtime's tests need Podman (Debian: podman, runc, busybox-static) and root",
-        "(or point PYKUBELET_TEST_DOCKER_ENDPOINT at a running engine)",
-    ) as (endpoint, _):
-        yield endpoint
 
 
 @pytest.fixture
