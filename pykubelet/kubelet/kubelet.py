@@ -158,9 +158,7 @@ class Kubelet:
             if c.name == container and c.state is ContainerRunState.RUNNING
         ]
         if not running:
-            raise LookupError(
-                f'container "{container}" in pod "{namespace}/{name}" is not running'
-            )
+            raise LookupError(f'container "{container}" in pod "{namespace}/{name}" is not running')
         sandbox = runtime_pod.sandbox if runtime_pod else None
         pod_ip = sandbox.ip if sandbox is not None and sandbox.ip else ""
         return running[-1], container_env(pod, spec, self.host_ip, pod_ip)
