@@ -31,8 +31,8 @@ run: $(STAMP)
 		--container-runtime process --read-only-port $(PORT)
 
 lint: $(STAMP)
-	$(BIN)/ruff check pykubelet tests bench
-	$(BIN)/ruff format --check pykubelet tests bench
+	$(BIN)/ruff check --no-cache pykubelet tests bench
+	$(BIN)/ruff format --check --no-cache pykubelet tests bench
 	$(BIN)/mypy --strict pykubelet
 	$(BIN)/lint-imports --no-cache
 
