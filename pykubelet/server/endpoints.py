@@ -28,6 +28,7 @@ from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder
 from pykubelet.runtime.base import Runtime, RuntimeContainer
 from pykubelet.server import status_page
+from pykubelet.server.errors import status_response
 
 log = logging.getLogger(__name__)
 
@@ -50,19 +51,6 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(
         text=json.dumps(data, separators=(",", ":")), status=status, content_type="application/json"
     )
-
-
-def _status_error(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    return _json(body, status=code)
 
 
 def _int_param(request: web.Request, name: str) -> int | None:
@@ -136,9 +124,9 @@ def add_node_routes(app: web.Application, node: NodeView) -> None:
         follow = _bool_param(request, "follow")
         pod = node.find_pod(namespace, pod_name)
         if pod is None:
-            return _status_error(404, "NotFound", f'pod "{namespace}/{pod_name}" not found')
+            return status_response(404, "NotFound", f'pod "{namespace}/{pod_name}" not found')
         if container_name not in {c.name for c in pod.all_containers()}:
-            return _status_error(
+            return status_response(
                 404,
                 "NotFound",
                 f'container "{container_name}" not found in pod "{namespace}/{pod_name}"',
@@ -151,7 +139,7 @@ def add_node_routes(app: web.Application, node: NodeView) -> None:
             history = history[:-1]
         if not history:
             which = "previous terminated" if previous else "started"
-            return _status_error(
+            return status_response(
                 400,
                 "BadRequest",
                 f'container "{container_name}" in pod "{namespace}/{pod_name}" has no {which} '

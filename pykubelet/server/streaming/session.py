@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from pykubelet.runtime.base import STDERR, STDOUT, Runtime, RuntimeContainer, RuntimeFailure
+from pykubelet.server.errors import status_response
 from pykubelet.server.streaming.hijack import upgrade_to_spdy
 from pykubelet.server.streaming.remotecommand import (
     SPDY_PROTOCOLS,
@@ -51,19 +52,6 @@ IDLE_TIMEOUT = 4 * 3600.0
 PROTOCOL_HEADER = "X-Stream-Protocol-Version"
 
 
-def _status_response(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    return web.json_response(body, status=code)
-
-
 async def serve_stream(
     request: web.Request,
     runtime: Runtime,
@@ -83,7 +71,7 @@ async def serve_stream(
         await _run(ws, runtime, container, env, opts)
         return ws.response
     if request.headers.get("Upgrade", "").lower() != "spdy/3.1":
-        return _status_response(
+        return status_response(
             400,
             "BadRequest",
             "exec needs a streaming upgrade: Upgrade: websocket or Upgrade: SPDY/3.1",
@@ -96,7 +84,7 @@ async def serve_stream(
     ]
     protocol = next((p for p in SPDY_PROTOCOLS if p in offered), None) if offered else V1
     if protocol is None:
-        return _status_response(
+        return status_response(
             403,
             "Forbidden",
             f"unable to upgrade: unable to negotiate protocol: client supports {offered}, "
