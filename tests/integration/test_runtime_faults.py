@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import DOCKER_ENDPOINT_VARIABLE as ENDPOINT_VARIABLE
+from tests.conftest import PODMAN_SCRIPT as ENV_SCRIPT
 from tests.integration.agent import Backend, container_state, pod_yaml, wait_for, write_pod
-from tests.integration.conftest import ENDPOINT_VARIABLE, ENV_SCRIPT
 
 
 def running_container(agent, name: str) -> dict | None:  # type: ignore[no-untyped-def]
