@@ -38,7 +38,9 @@ from pykubelet.server.auth import (
 )
 from pykubelet.server.endpoints import HttpServer, build_app
 from pykubelet.server.secure import build_secure_app
+from pykubelet.server.stats import add_stats_routes
 from pykubelet.server.tls import ServingConfig, TlsError, server_context
+from pykubelet.stats.collector import StatsCollector
 from pykubelet.status.manager import StatusManager
 
 log = logging.getLogger("pykubelet")
@@ -114,6 +116,7 @@ def secure_server(
     connection: ApiConnection | None,
     host_ip: str,
     facts: MachineFacts,
+    stats: StatsCollector,
 ) -> HttpServer:
     """The authenticated kubelet API on --port; raises TlsError naming a file it cannot use."""
     reviews = ApiReviews(connection) if connection is not None else None
@@ -144,6 +147,7 @@ def secure_server(
     app = build_secure_app(
         kubelet, authenticator, authorizer, opts.kubelet_configuration, _counter("readwrite")
     )
+    add_stats_routes(app, stats)
     return HttpServer(app, opts.address, opts.port, context)
 
 
@@ -200,6 +204,7 @@ async def run_agent(opts: Options) -> int:
         facts=facts,
     )
     tasks: list[Task] = _sources(opts, pod_config, recorder)
+    stats = StatsCollector(runtime, opts.node_name)
     cluster = None
     if connection is not None:
         from pykubelet.cluster.cluster import Cluster
@@ -223,6 +228,7 @@ async def run_agent(opts: Options) -> int:
             "no pod source configured (--pod-manifest-path, --manifest-url, --kubeconfig): "
             "no pods will run"
         )
+    tasks.append(("stats", stats.run()))
     log.info(
         "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name
     )
@@ -230,7 +236,9 @@ async def run_agent(opts: Options) -> int:
         build_app(kubelet, on_request=_counter("readonly")), opts.address, opts.read_only_port
     )
     try:
-        secure = await asyncio.to_thread(secure_server, opts, kubelet, connection, host_ip, facts)
+        secure = await asyncio.to_thread(
+            secure_server, opts, kubelet, connection, host_ip, facts, stats
+        )
     except TlsError as exc:
         log.error("cannot start: %s", exc)
         return 1

@@ -1,0 +1,382 @@
+"""Reading resource usage from cgroupfs and /proc: a container by one of its processes, and the
+node. Blocking file I/O only: the collector runs it in a thread.
+
+A container is found from its process: `/proc/<pid>/cgroup` names its cgroup in each hierarchy,
+which works alike for the process, docker and CRI runtimes. Each figure comes from the first
+place that is the container's own:
+
+- CPU: cgroup v1 `cpuacct.usage` (ns), else v2 `cpu.stat` `usage_usec` (v2 keeps it in every
+  cgroup, with or without the cpu controller);
+- memory: v1 `memory.usage_in_bytes` minus `total_inactive_file` of `memory.stat`, else v2
+  `memory.current` minus `inactive_file`: the working set, as the kubelet (cAdvisor) computes it.
+
+A cgroup is not the container's own when it also holds the agent (the process runtime leaves a
+container without limits in the agent's cgroups) or is the root: its figures would be the agent's
+or the machine's. Then the figure is the sum over the container's processes (those of a cgroup
+that is its own, else the main process and its descendants) from `/proc/<pid>/stat`: CPU as
+utime + stime + the reaped children's cutime + cstime, memory as the resident set. (On this
+project's test machine cpuacct is mounted apart from cpu, and the process runtime does not join
+cpuacct, so its containers' CPU is measured this way even when they have cgroups.)
+
+The node is the root cgroup, as the kubelet reports cAdvisor's "/" container: v1 root
+`cpuacct.usage` and `memory.usage_in_bytes` minus `total_inactive_file`; on v2, whose root has no
+`memory.current`, usage is MemTotal - MemFree and inactive file comes from the root's
+`memory.stat` (else /proc/meminfo's Inactive(file)); CPU from the root's `cpu.stat`, else
+/proc/stat (user + nice + system + irq + softirq + steal). MemTotal - MemAvailable is not used:
+it also subtracts active page cache and reclaimable slab, so it is lower than the working set
+the kubelet reports and compares eviction thresholds with.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Above this a v1 limit means "no limit" (the kernel reports PAGE_COUNTER_MAX pages as bytes).
+_UNLIMITED = 1 << 62
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One read of one container or the node, before rates are derived."""
+
+    at: float  # unix time of the read
+    cpu_ns: int | None
+    working_set: int | None
+    usage: int | None = None
+    rss: int | None = None
+    limit: int | None = None
+    page_faults: int | None = None
+    major_page_faults: int | None = None
+
+
+@dataclass(frozen=True)
+class Mounts:
+    v1: dict[str, Path]  # controller -> the root of its v1 hierarchy
+    v2: Path | None  # the unified hierarchy
+
+
+def read_mounts(text: str) -> Mounts:
+    v1: dict[str, Path] = {}
+    v2: Path | None = None
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        if fields[2] == "cgroup2" and v2 is None:
+            v2 = Path(fields[1])
+        elif fields[2] == "cgroup":
+            for option in fields[3].split(","):
+                v1.setdefault(option, Path(fields[1]))
+    return Mounts(v1, v2)
+
+
+def parse_cgroups(text: str) -> dict[str, str]:
+    """`/proc/<pid>/cgroup` as controller -> path; "" is the unified (v2) hierarchy."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        for name in controllers.split(",") if controllers else [""]:
+            out[name] = path
+    return out
+
+
+def parse_keyed(text: str) -> dict[str, int]:
+    """`memory.stat`, `cpu.stat`: one "key value" a line."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _shared(path: str, agents: str | None) -> bool:
+    """Whether the cgroup at `path` is the root, the agent's, or one the agent's is inside."""
+    if path in ("", "/"):
+        return True
+    if agents is None:
+        return False
+    return agents == path or agents.startswith(path.rstrip("/") + "/")
+
+
+def _read_int(path: Path) -> int:
+    return int(path.read_text().strip())
+
+
+@dataclass(frozen=True)
+class _ProcStat:
+    ppid: int
+    cpu_ticks: int  # utime + stime + cutime + cstime
+    rss_pages: int
+    minflt: int
+    majflt: int
+
+
+def _proc_stat(text: str) -> _ProcStat:
+    # The command name may hold spaces and parentheses: the fields start after the last ")".
+    rest = text[text.rindex(")") + 2 :].split()
+    return _ProcStat(
+        ppid=int(rest[1]),
+        cpu_ticks=sum(int(v) for v in rest[11:15]),
+        rss_pages=int(rest[21]),
+        minflt=int(rest[7]),
+        majflt=int(rest[9]),
+    )
+
+
+class CgroupFs:
+    """Reads under `proc` (a fake tree in tests): its `self/mounts`, `self/cgroup` (the agent's
+    own cgroups) and `<pid>/...`. `refresh()` re-reads the mounts and the agent's cgroups (once
+    a sample); the other methods read what they are asked, now."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self._proc = proc
+        self._mounts = Mounts({}, None)
+        self._own: dict[str, str] = {}
+        self._table: dict[int, _ProcStat] | None = None
+
+    def refresh(self) -> None:
+        self._mounts = read_mounts((self._proc / "self" / "mounts").read_text())
+        try:
+            self._own = parse_cgroups((self._proc / "self" / "cgroup").read_text())
+        except OSError:
+            self._own = {}
+        self._table = None  # the process table, read again when a sample first needs it
+
+    # --- containers ---------------------------------------------------------------------
+
+    def _own_dirs(self, groups: dict[str, str], controller: str) -> list[Path]:
+        """Where the process's cgroup that is its own holds `controller`'s files: its v1
+        hierarchy first (a controller bound there is accounted there only), then v2."""
+        out: list[Path] = []
+        mount = self._mounts.v1.get(controller)
+        if mount is not None and controller in groups:
+            path = groups[controller]
+            if not _shared(path, self._own.get(controller)):
+                out.append(mount / path.lstrip("/"))
+        if self._mounts.v2 is not None and "" in groups:
+            path = groups[""]
+            if not _shared(path, self._own.get("")):
+                out.append(self._mounts.v2 / path.lstrip("/"))
+        return out
+
+    def container(self, pid: int) -> Reading | None:
+        """The usage of the container whose process `pid` is; None if the process is gone."""
+        try:
+            groups = parse_cgroups((self._proc / str(pid) / "cgroup").read_text())
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        cpu = self._cgroup_cpu(groups)
+        memory = self._cgroup_memory(groups)
+        if cpu is None or memory is None:
+            procs = self._processes(groups, pid)
+            if not procs:
+                return None
+            if cpu is None:
+                cpu = sum(p.cpu_ticks for p in procs) * 1_000_000_000 // _CLK_TCK
+            if memory is None:
+                rss = sum(p.rss_pages for p in procs) * _PAGE_SIZE
+                memory = Reading(
+                    0,
+                    None,
+                    rss,
+                    usage=rss,
+                    rss=rss,
+                    page_faults=sum(p.minflt for p in procs),
+                    major_page_faults=sum(p.majflt for p in procs),
+                )
+        return Reading(
+            time.time(),
+            cpu,
+            memory.working_set,
+            usage=memory.usage,
+            rss=memory.rss,
+            limit=memory.limit,
+            page_faults=memory.page_faults,
+            major_page_faults=memory.major_page_faults,
+        )
+
+    def _cgroup_cpu(self, groups: dict[str, str]) -> int | None:
+        for where in self._own_dirs(groups, "cpuacct"):
+            try:
+                if (where / "cpuacct.usage").exists():
+                    return _read_int(where / "cpuacct.usage")
+                return parse_keyed((where / "cpu.stat").read_text())["usage_usec"] * 1000
+            except (OSError, ValueError, KeyError):
+                continue
+        return None
+
+    def _cgroup_memory(self, groups: dict[str, str]) -> Reading | None:
+        for where in self._own_dirs(groups, "memory"):
+            try:
+                if (where / "memory.usage_in_bytes").exists():
+                    return _v1_memory(where)
+                return _v2_memory(where)
+            except (OSError, ValueError, KeyError):
+                continue
+        return None
+
+    def _processes(self, groups: dict[str, str], pid: int) -> list[_ProcStat]:
+        """The container's processes: those of a cgroup that is its own, else `pid` and its
+        descendants."""
+        pids: list[int] | None = None
+        for controller in ("memory", "cpuacct", "cpu", "pids"):
+            for where in self._own_dirs(groups, controller):
+                try:
+                    pids = [int(p) for p in (where / "cgroup.procs").read_text().split()]
+                except (OSError, ValueError):
+                    continue
+                break
+            if pids is not None:
+                break
+        if pids is not None:
+            return [stat for p in pids if (stat := self._stat_of(p)) is not None]
+        table = self._process_table()
+        children: dict[int, list[int]] = {}
+        for child, stat in table.items():
+            children.setdefault(stat.ppid, []).append(child)
+        found, todo = [], [pid]
+        while todo:
+            current = todo.pop()
+            found.append(current)
+            todo.extend(children.get(current, []))
+        return [table[p] for p in found if p in table]
+
+    def _stat_of(self, pid: int) -> _ProcStat | None:
+        try:
+            return _proc_stat((self._proc / str(pid) / "stat").read_text())
+        except (OSError, ValueError, IndexError):
+            return None  # gone since it was listed
+
+    def _process_table(self) -> dict[int, _ProcStat]:
+        """Every process, read once a sample and only if a container needs its descendants."""
+        if self._table is None:
+            table: dict[int, _ProcStat] = {}
+            with os.scandir(self._proc) as entries:
+                names = [e.name for e in entries if e.name.isdigit()]
+            for name in names:
+                stat = self._stat_of(int(name))
+                if stat is not None:
+                    table[int(name)] = stat
+            self._table = table
+        return self._table
+
+    # --- the node -----------------------------------------------------------------------
+
+    def node(self) -> Reading:
+        """The root cgroup's usage (see the module's docstring); raises OSError or ValueError
+        when neither cgroupfs nor /proc can tell."""
+        meminfo = self._meminfo()
+        total = meminfo["MemTotal"]
+        cpu = self._node_cpu()
+        v1 = self._mounts.v1.get("memory")
+        if v1 is not None and (v1 / "memory.usage_in_bytes").exists():
+            memory = _v1_memory(v1)
+        else:
+            inactive = meminfo.get("Inactive(file)", 0)
+            stat: dict[str, int] = {}
+            if self._mounts.v2 is not None:
+                try:
+                    stat = parse_keyed((self._mounts.v2 / "memory.stat").read_text())
+                    inactive = stat.get("inactive_file", inactive)
+                except OSError:
+                    pass
+            usage = total - meminfo["MemFree"]
+            memory = Reading(
+                0,
+                None,
+                max(0, usage - inactive),
+                usage=usage,
+                rss=stat.get("anon"),
+                page_faults=stat.get("pgfault"),
+                major_page_faults=stat.get("pgmajfault"),
+            )
+        working_set = memory.working_set or 0
+        return Reading(
+            time.time(),
+            cpu,
+            working_set,
+            usage=memory.usage,
+            rss=memory.rss,
+            limit=total,
+            page_faults=memory.page_faults,
+            major_page_faults=memory.major_page_faults,
+        )
+
+    def _node_cpu(self) -> int:
+        v1 = self._mounts.v1.get("cpuacct")
+        if v1 is not None and (v1 / "cpuacct.usage").exists():
+            return _read_int(v1 / "cpuacct.usage")
+        if self._mounts.v2 is not None:
+            try:
+                return parse_keyed((self._mounts.v2 / "cpu.stat").read_text())["usage_usec"] * 1000
+            except (OSError, KeyError):
+                pass
+        first = (self._proc / "stat").read_text().splitlines()[0].split()
+        assert first[0] == "cpu", first
+        # user nice system idle iowait irq softirq steal (guest is within user already)
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in first[1:9])
+        ticks = user + nice + system + irq + softirq + steal
+        return ticks * 1_000_000_000 // _CLK_TCK
+
+    def _meminfo(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for line in (self._proc / "meminfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            parts = value.split()
+            if parts:
+                out[key] = int(parts[0]) * (1024 if parts[-1] == "kB" else 1)
+        return out
+
+    def boot_time(self) -> float:
+        for line in (self._proc / "stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+        return 0.0
+
+
+def _v1_memory(where: Path) -> Reading:
+    usage = _read_int(where / "memory.usage_in_bytes")
+    stat = parse_keyed((where / "memory.stat").read_text())
+    limit = _read_int(where / "memory.limit_in_bytes")
+    return Reading(
+        0,
+        None,
+        max(0, usage - stat.get("total_inactive_file", 0)),
+        usage=usage,
+        rss=stat.get("total_rss"),
+        limit=limit if limit < _UNLIMITED else None,
+        page_faults=stat.get("total_pgfault"),
+        major_page_faults=stat.get("total_pgmajfault"),
+    )
+
+
+def _v2_memory(where: Path) -> Reading:
+    usage = _read_int(where / "memory.current")
+    stat = parse_keyed((where / "memory.stat").read_text())
+    limit: int | None = None
+    try:
+        raw = (where / "memory.max").read_text().strip()
+        limit = None if raw == "max" else int(raw)
+    except OSError:
+        pass
+    return Reading(
+        0,
+        None,
+        max(0, usage - stat.get("inactive_file", 0)),
+        usage=usage,
+        rss=stat.get("anon"),
+        limit=limit,
+        page_faults=stat.get("pgfault"),
+        major_page_faults=stat.get("pgmajfault"),
+    )

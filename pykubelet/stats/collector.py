@@ -1,0 +1,258 @@
+"""The stats collector: every `period` (10 s, as cAdvisor's housekeeping) it samples the node and
+each running container the runtime reports, and keeps the latest sample for its readers
+(`StatsView.latest()`).
+
+- The runtime is asked on the event loop (`list_pods()`); every file is read in one thread call
+  (`cgroupfs.CgroupFs`), never on the loop.
+- A container is sampled by its main process (`RuntimeContainer.pid`), so every backend that
+  fills `pid` is measured without knowing which it is; a container without one is left out.
+- Rates (`usage_nano_cores`) are over the window since the previous sample of the same
+  container ID (a restarted container starts a new series) and of the node.
+- CPU counters never go down: where a container's CPU is the sum over its processes (see
+  `cgroupfs`), a process reaped outside the container takes its CPU time with it; the counter
+  keeps what was counted, as a cgroup's does, so a rate is never negative.
+- A pod's usage is the sum of its running containers' (the kubelet reads the pod's cgroup; the
+  difference is the pause container and processes outside any container).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod
+from pykubelet.stats.cgroupfs import CgroupFs, Reading
+from pykubelet.stats.types import (
+    ContainerStats,
+    CpuUsage,
+    MemoryUsage,
+    NodeStats,
+    PodStats,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PERIOD = 10.0
+
+
+class PodLister(Protocol):
+    """What the collector needs of the runtime."""
+
+    async def list_pods(self) -> list[RuntimePod]: ...
+
+
+@dataclass(frozen=True)
+class _Last:
+    at: float
+    cpu_ns: int  # as reported (never lower than before)
+    offset: int  # CPU time of processes no longer counted, kept in the counter
+
+
+def _time(at: float) -> datetime:
+    return datetime.fromtimestamp(at, UTC)
+
+
+class StatsCollector:
+    """Samples on a period; `latest()` is the read-only view (`StatsView`)."""
+
+    def __init__(
+        self,
+        runtime: PodLister,
+        node_name: str,
+        period: float = DEFAULT_PERIOD,
+        fs: CgroupFs | None = None,
+    ) -> None:
+        self._runtime = runtime
+        self.node_name = node_name
+        self.period = period
+        self._fs = fs if fs is not None else CgroupFs()
+        self._latest: NodeStats | None = None
+        self._last: dict[str, _Last] = {}  # container ID (node: "") -> its last CPU reading
+        self._boot: float | None = None
+        self._failing = False
+        # One sample at a time: the file reader keeps per-sample state (its process table).
+        self._lock = asyncio.Lock()
+
+    def latest(self) -> NodeStats | None:
+        return self._latest
+
+    async def run(self) -> None:
+        """Sample now and every `period` until cancelled."""
+        loop = asyncio.get_running_loop()
+        while True:
+            started = loop.time()
+            try:
+                await self.sample()
+            except Exception:  # a bug in one sample must not end the sampling
+                log.exception("resource usage sample failed")
+            await asyncio.sleep(max(0.0, self.period - (loop.time() - started)))
+
+    async def sample(self) -> NodeStats:
+        """Take one sample now, keep it as the latest and return it."""
+        async with self._lock:
+            return await self._sample()
+
+    async def _sample(self) -> NodeStats:
+        errors: list[str] = []
+        try:
+            pods = await self._runtime.list_pods()
+        except Exception as exc:  # the runtime's failure is this sample's error, not ours
+            errors.append(f"cannot list the runtime's pods: {exc}")
+            pods = []
+        targets = [
+            (pod, c)
+            for pod in pods
+            for c in pod.containers
+            if c.state is ContainerRunState.RUNNING and c.pid is not None
+        ]
+        pids = [c.pid for _, c in targets if c.pid is not None]
+        node, readings, boot, problem = await asyncio.to_thread(self._read, pids)
+        if problem:
+            errors.append(problem)
+        cpu, memory, pod_stats = self._build(node, list(zip(targets, readings, strict=True)))
+        at = node.at if node is not None else max((r.at for r in readings if r), default=0.0)
+        stats = NodeStats(
+            node_name=self.node_name,
+            start_time=_time(boot),
+            time=_time(at),
+            cpu=cpu,
+            memory=memory,
+            pods=pod_stats,
+            errors=tuple(errors),
+        )
+        if errors and not self._failing:
+            log.warning("resource usage sample incomplete: %s", "; ".join(errors))
+        elif not errors and self._failing:
+            log.info("resource usage samples complete again")
+        self._failing = bool(errors)
+        self._latest = stats
+        return stats
+
+    def _read(self, pids: list[int]) -> tuple[Reading | None, list[Reading | None], float, str]:
+        """In a thread: everything this sample reads from files."""
+        problem = ""
+        try:
+            self._fs.refresh()
+        except OSError as exc:
+            problem = f"cannot read the cgroup mounts: {exc}"
+        if self._boot is None:
+            try:
+                self._boot = self._fs.boot_time()
+            except OSError:
+                self._boot = 0.0
+        node: Reading | None = None
+        try:
+            node = self._fs.node()
+        except (OSError, ValueError, KeyError, IndexError, AssertionError) as exc:
+            problem = problem or f"cannot read the node's usage: {exc}"
+        readings: list[Reading | None] = []
+        for pid in pids:
+            try:
+                readings.append(self._fs.container(pid))
+            except (OSError, ValueError) as exc:
+                log.debug("cannot read the usage of process %d: %s", pid, exc)
+                readings.append(None)
+        return node, readings, self._boot, problem
+
+    def _cpu(self, key: str, reading: Reading) -> CpuUsage | None:
+        if reading.cpu_ns is None:
+            return None
+        last = self._last.get(key)
+        offset = last.offset if last is not None else 0
+        value = reading.cpu_ns + offset
+        if last is not None and value < last.cpu_ns:
+            offset += last.cpu_ns - value
+            value = last.cpu_ns
+        rate = None
+        if last is not None and reading.at > last.at:
+            rate = int((value - last.cpu_ns) / (reading.at - last.at))
+        self._last[key] = _Last(reading.at, value, offset)
+        return CpuUsage(_time(reading.at), value, rate)
+
+    @staticmethod
+    def _memory(reading: Reading) -> MemoryUsage | None:
+        if reading.working_set is None:
+            return None
+        available = None
+        if reading.limit is not None:
+            available = max(0, reading.limit - reading.working_set)
+        return MemoryUsage(
+            _time(reading.at),
+            reading.working_set,
+            usage_bytes=reading.usage,
+            rss_bytes=reading.rss,
+            available_bytes=available,
+            page_faults=reading.page_faults,
+            major_page_faults=reading.major_page_faults,
+        )
+
+    def _build(
+        self,
+        node: Reading | None,
+        readings: list[tuple[tuple[RuntimePod, RuntimeContainer], Reading | None]],
+    ) -> tuple[CpuUsage | None, MemoryUsage | None, tuple[PodStats, ...]]:
+        seen: set[str] = {""}
+        node_cpu = self._cpu("", node) if node is not None else None
+        node_memory = self._memory(node) if node is not None else None
+        by_pod: dict[str, tuple[RuntimePod, list[ContainerStats]]] = {}
+        for (pod, container), reading in readings:
+            if reading is None:
+                continue  # exited while it was read
+            seen.add(container.id)
+            stats = ContainerStats(
+                name=container.name,
+                id=container.id,
+                start_time=container.started_at or container.created_at,
+                cpu=self._cpu(container.id, reading),
+                memory=self._memory(reading),
+            )
+            by_pod.setdefault(pod.uid, (pod, []))[1].append(stats)
+        for gone in set(self._last) - seen:
+            del self._last[gone]
+        pods = tuple(_pod_stats(pod, containers) for pod, containers in by_pod.values())
+        return node_cpu, node_memory, pods
+
+
+def _pod_stats(pod: RuntimePod, containers: list[ContainerStats]) -> PodStats:
+    cpus = [c.cpu for c in containers if c.cpu is not None]
+    memories = [c.memory for c in containers if c.memory is not None]
+    cpu = None
+    if cpus:
+        rates = [c.usage_nano_cores for c in cpus]
+        cpu = CpuUsage(
+            max(c.time for c in cpus),
+            sum(c.usage_core_nanoseconds for c in cpus),
+            None if None in rates else sum(r or 0 for r in rates),
+        )
+    memory = None
+    if memories:
+        memory = MemoryUsage(
+            max(m.time for m in memories),
+            sum(m.working_set_bytes for m in memories),
+            usage_bytes=_sum(m.usage_bytes for m in memories),
+            rss_bytes=_sum(m.rss_bytes for m in memories),
+            page_faults=_sum(m.page_faults for m in memories),
+            major_page_faults=_sum(m.major_page_faults for m in memories),
+        )
+    starts = [c.start_time for c in containers]
+    start = pod.sandbox.created_at if pod.sandbox is not None else min(starts)
+    return PodStats(
+        uid=pod.uid,
+        name=pod.name,
+        namespace=pod.namespace,
+        start_time=start,
+        containers=tuple(containers),
+        cpu=cpu,
+        memory=memory,
+    )
+
+
+def _sum(values: Iterable[int | None]) -> int | None:
+    items = list(values)
+    if not items or any(v is None for v in items):
+        return None
+    return sum(v for v in items if v is not None)

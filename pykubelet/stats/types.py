@@ -1,0 +1,78 @@
+"""What one sample of the node's resource usage holds, and the read-only view of the latest.
+
+A sample is immutable: the collector replaces it whole, so a reader (the HTTP handlers, later
+eviction and the status page) never sees one half updated. Units are the kubelet's Summary API
+units: CPU as cumulative core-nanoseconds and a rate in nanocores, memory in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class CpuUsage:
+    time: datetime  # when it was read
+    usage_core_nanoseconds: int  # cumulative, since the container (node: boot) started
+    usage_nano_cores: int | None = None  # the rate since the previous sample; None on the first
+
+    @property
+    def seconds(self) -> float:
+        return self.usage_core_nanoseconds / 1e9
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    time: datetime
+    working_set_bytes: int  # usage minus inactive file: what the kernel cannot just drop
+    usage_bytes: int | None = None
+    rss_bytes: int | None = None
+    available_bytes: int | None = None  # the limit (node: capacity) minus the working set
+    page_faults: int | None = None
+    major_page_faults: int | None = None
+
+
+@dataclass(frozen=True)
+class ContainerStats:
+    name: str
+    id: str  # the runtime's container ID (the rate is computed per ID: a restart starts anew)
+    start_time: datetime
+    cpu: CpuUsage | None
+    memory: MemoryUsage | None
+
+
+@dataclass(frozen=True)
+class PodStats:
+    uid: str
+    name: str
+    namespace: str
+    start_time: datetime
+    containers: tuple[ContainerStats, ...]
+    # The sums of its containers' usage (the time: the latest of theirs); None when no
+    # container could be measured.
+    cpu: CpuUsage | None
+    memory: MemoryUsage | None
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    node_name: str
+    start_time: datetime  # the machine's boot
+    time: datetime  # when this sample was taken
+    cpu: CpuUsage | None
+    memory: MemoryUsage | None
+    pods: tuple[PodStats, ...] = ()
+    # What went wrong in this sample (the runtime could not list its pods, ...): the kubelet's
+    # `scrape_error` 1. A container that exited while it was read is no error.
+    errors: tuple[str, ...] = field(default=())
+
+
+class StatsView(Protocol):
+    """The read-only side of the collector: what the HTTP handlers, eviction and the status
+    page read."""
+
+    def latest(self) -> NodeStats | None:
+        """The latest sample; None until the first one is taken."""
+        ...
