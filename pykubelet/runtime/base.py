@@ -7,6 +7,8 @@ A backend (host processes, the Docker Engine API, ...) implements `Runtime`. Eve
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -210,6 +212,35 @@ async def ensure_image(
 
 STDOUT, STDERR = "stdout", "stderr"
 
+# How long a port-forward dial into a pod may take before it counts as failed.
+DIAL_TIMEOUT = 10.0
+
+
+async def dial_local_port(
+    port: int, sock: socket.socket | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to 127.0.0.1:`port` (with `sock`, an unconnected IPv4 TCP socket created in the
+    network namespace that is to be dialled; else one of the agent's own) and return the
+    stream pair. RuntimeFailure saying why, in the words Go's dialer uses (kubectl users know
+    them): "dial tcp4 127.0.0.1:80: connect: connection refused"."""
+    address = f"127.0.0.1:{port}"
+    if sock is None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(DIAL_TIMEOUT):
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+        return await asyncio.open_connection(sock=sock)
+    except TimeoutError:
+        sock.close()
+        raise RuntimeFailure(f"dial tcp4 {address}: i/o timeout") from None
+    except OSError as exc:
+        sock.close()
+        # Go's words are the C library's, lowercased ("connection refused").
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise RuntimeFailure(f"dial tcp4 {address}: connect: {reason}") from exc
+
 
 class ExecStream(Protocol):
     """A command running in a container with its stdio attached (`kubectl exec`), or the
@@ -310,4 +341,13 @@ class Runtime(Protocol):
         """Start a command in the running container as exec_sync does, with its stdio
         attached (a terminal with `tty`). Raises RuntimeFailure if the container is not
         running, the command cannot start, or the backend cannot do it (saying why)."""
+        ...
+
+    async def port_forward(
+        self, pod_uid: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A TCP connection to `port` on the pod's loopback, in the pod's network (`kubectl
+        port-forward`): the caller owns the pair and closes the writer. Raises
+        RuntimeFailure saying why when it cannot: the pod or its sandbox is not there or not
+        ready, nothing listens on the port, the namespace cannot be entered."""
         ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
@@ -109,6 +110,12 @@ class InstrumentedRuntime:
             "exec_stream",
             lambda: self.inner.exec_stream(container, command, env, stdin=stdin, tty=tty),
         )
+
+    async def port_forward(
+        self, pod_uid: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Counted once per connection dialled: the bytes it carries are the pod's."""
+        return await self._count("port_forward", lambda: self.inner.port_forward(pod_uid, port))
 
     def follow_log(
         self, container: RuntimeContainer, tail_lines: int | None = None

@@ -12,9 +12,11 @@ GET /configz                             {"kubeletconfig": ...}: the configurati
 GET /metrics                             Prometheus metrics
 GET|POST /exec/{ns}/{pod}/[{uid}/]{c}    a command in the container (streaming/: WebSocket or
                                          SPDY, stdin, tty, exit code)
+GET|POST /portForward/{ns}/{pod}[/{uid}] TCP connections to the pod's ports (streaming/
+                                         portforward.py: SPDY, SPDY in a WebSocket, channels)
 
-/attach, /portForward, /run and the stats endpoints are not served yet: they answer 501 with a
-Status naming what is missing, never a silent 404.
+/attach, /run and the stats endpoints are not served yet: they answer 501 with a Status naming
+what is missing, never a silent 404.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pykubelet.server.auth import (
     request_attributes,
 )
 from pykubelet.server.endpoints import NodeView, add_node_routes, counting
+from pykubelet.server.streaming.portforward import parse_ports, serve_port_forward
 from pykubelet.server.streaming.remotecommand import exec_options
 from pykubelet.server.streaming.session import serve_stream
 
@@ -43,7 +46,6 @@ Obj = dict[str, Any]
 
 NOT_YET = {
     "attach": "attach",
-    "portForward": "port-forward",
     "run": "run",
     "stats": "the Summary API",
 }
@@ -155,6 +157,30 @@ def build_secure_app(
             return status_body(404, "NotFound", str(exc))
         return await serve_stream(request, node.runtime, container, env, opts)
 
+    async def port_forward(request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        namespace, name, uid = info["namespace"], info["pod"], info.get("uid")
+        try:
+            ports = parse_ports(request.query.getall("port", []))
+        except ValueError as exc:
+            return status_body(400, "BadRequest", str(exc))
+        pod = node.find_pod(namespace, name)
+        if pod is None or (uid and pod.uid != uid):
+            return status_body(404, "NotFound", f'pod "{namespace}/{name}" not found')
+        runtime_pod = await node.runtime.get_pod(pod.uid)
+        if runtime_pod is None or not any(
+            c.state is ContainerRunState.RUNNING for c in runtime_pod.containers
+        ):
+            return status_body(400, "BadRequest", f'pod "{namespace}/{name}" is not running')
+        pod_uid = pod.uid
+        return await serve_port_forward(
+            request,
+            lambda port: node.runtime.port_forward(pod_uid, port),
+            ports,
+            pod=f"{name}_{namespace}",  # the kubelet's full name of the pod
+            uid=pod_uid,
+        )
+
     app = web.Application(
         middlewares=[
             counting(on_request),
@@ -170,6 +196,9 @@ def build_secure_app(
     ):
         app.router.add_route("GET", path, exec_command)
         app.router.add_route("POST", path, exec_command)
+    for path in ("/portForward/{namespace}/{pod}", "/portForward/{namespace}/{pod}/{uid}"):
+        app.router.add_route("GET", path, port_forward)
+        app.router.add_route("POST", path, port_forward)
     for prefix in NOT_YET:
         app.router.add_route("*", f"/{prefix}/{{tail:.*}}", not_yet)
     return app

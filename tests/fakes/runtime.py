@@ -21,12 +21,17 @@ It keeps the promises of `pykubelet/runtime/base.py` as the real backends keep t
   bounded as a pipe's: a command writes at most `FakeExecStream.PENDING` chunks ahead of its
   reader, then waits; input written after its end or its EOF is dropped; it dies (exit code
   None) when closed or when its container exits.
+- `port_forward` into a pod without a ready sandbox is a `RuntimeFailure`; to a port nothing
+  serves (`serve_port`) too, in the words of a refused dial; else a real socket pair, the
+  other end handed to the port's handler (a task), so reads and writes block as a TCP
+  connection's do.
 - `read_log` / `follow_log` read what was written with `write_log` or a `Behaviour`'s `output`,
   with `tail_lines` and `limit_bytes` as `runtime/logfiles.py` applies them.
 
 Test controls: `behave()` (how containers of a name behave when started), `exit_container()`,
 `oom_kill()`, `kill_sandbox()`, `write_log()`, `fail()` / `heal()` (make operations raise),
-`hang()` / `release()` (make them wait), `set_exec()`, `set_exec_stream()`; and what happened:
+`hang()` / `release()` (make them wait), `set_exec()`, `set_exec_stream()`, `serve_port()`; and
+what happened:
 `calls` (every call, in order), `ops()`, `containers()`, `latest()`, `config_of()`,
 `exec_streams` (each stream, with what it was sent).
 """
@@ -39,6 +44,7 @@ import contextlib
 import inspect
 import itertools
 import logging
+import socket
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -81,6 +87,7 @@ OPERATIONS = frozenset(
         "follow_log",
         "exec_sync",
         "exec_stream",
+        "port_forward",
         "pull_image",
     }
 )
@@ -88,6 +95,8 @@ OPERATIONS = frozenset(
 ExecHandler = Callable[
     [RuntimeContainer, list[str], list[tuple[str, str]]], ExecResult | Awaitable[ExecResult]
 ]
+# What listens on a port of a pod: called with each connection made to it.
+PortHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 # The command of an exec stream: writes with `emit`, reads with `read_stdin`, ends with `exit`
 # (returning without it is exit 0).
 ExecScript = Callable[["FakeExecStream"], Awaitable[None]]
@@ -380,6 +389,8 @@ class FakeRuntime:
         self._exec: dict[str | None, ExecResult | ExecHandler | Exception] = {}
         self._exec_scripts: dict[str | None, ExecScript] = {}
         self.exec_streams: list[FakeExecStream] = []
+        self._ports: dict[tuple[str | None, int], PortHandler] = {}
+        self._port_tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self._pids = itertools.count(1000)
         self._ips = itertools.count(2)
@@ -435,6 +446,11 @@ class FakeRuntime:
         """The command `exec_stream` starts (in containers of that name, or all): an async
         function of its `FakeExecStream`, run as a task."""
         self._exec_scripts[container] = script
+
+    def serve_port(self, port: int, handler: PortHandler, *, pod_uid: str | None = None) -> None:
+        """What listens on `port` (in that pod, or in every pod): `handler(reader, writer)` runs
+        as a task for each connection `port_forward` makes; the writer is closed after it."""
+        self._ports[(pod_uid, port)] = handler
 
     def exit_container(
         self,
@@ -716,6 +732,32 @@ class FakeRuntime:
         self.exec_streams.append(stream)
         stream.start(script)
         return stream
+
+    async def port_forward(
+        self, pod_uid: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        await self._enter("port_forward", pod_uid, detail=str(port))
+        pod = self._pods.get(pod_uid)
+        if pod is None or pod.sandbox is None or not pod.sandbox.ready:
+            raise RuntimeFailure(f"pod {pod_uid} has no ready sandbox")
+        handler = self._ports.get((pod_uid, port), self._ports.get((None, port)))
+        if handler is None:
+            raise RuntimeFailure(f"dial tcp4 127.0.0.1:{port}: connect: connection refused")
+        ours, theirs = socket.socketpair()
+        reader, writer = await asyncio.open_connection(sock=theirs)
+
+        async def serve() -> None:
+            try:
+                await handler(reader, writer)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass  # the client went away: as a server would see it
+            finally:
+                writer.close()
+
+        task = asyncio.create_task(serve(), name=f"fake port {port} of {pod_uid}")
+        self._port_tasks.add(task)
+        task.add_done_callback(self._port_tasks.discard)
+        return await asyncio.open_connection(sock=ours)
 
     # --- inside -------------------------------------------------------------------------------
 

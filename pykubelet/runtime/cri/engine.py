@@ -513,6 +513,29 @@ class CriEngine:
             task.result()  # raises what it failed with
         return ExecSyncStream(task)
 
+    async def sandbox_netns(self, id: str) -> str:
+        """From the verbose PodSandboxStatus: the network namespace its runtime spec names
+        (containerd's /var/run/netns/cni-...), else /proc/<its pid>/ns/net."""
+        what = f"the network namespace of sandbox {id[:12]}"
+        try:
+            reply = await self._call(
+                "PodSandboxStatus",
+                api.PodSandboxStatusRequest(pod_sandbox_id=id, verbose=True),
+                api.PodSandboxStatusResponse,
+            )
+        except (CriError, TimeoutError) as e:
+            raise RuntimeFailure(f"cannot find {what}: {e}") from e
+        if reply.status.state != api.SANDBOX_READY:
+            raise RuntimeFailure(f"sandbox {id[:12]} is not ready")
+        try:
+            info = json.loads(reply.info.get("info") or "{}")
+        except ValueError:
+            info = {}
+        path = sandbox_netns_path(info)
+        if path is None:
+            raise RuntimeFailure(f"cannot find {what}: the runtime does not report it")
+        return path
+
     async def read_log(
         self,
         id: str,
@@ -623,3 +646,24 @@ def _remove_log_dirs(root: Path, uid: str) -> None:
         return
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def sandbox_netns_path(info: Any) -> str | None:
+    """The network namespace in a sandbox's verbose info: the runtime spec's path for it (the
+    namespace the runtime bind-mounted), else its pid's; None if neither is there."""
+    if not isinstance(info, dict):
+        return None
+    spec = info.get("runtimeSpec")
+    linux = spec.get("linux") if isinstance(spec, dict) else None
+    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    for namespace in namespaces if isinstance(namespaces, list) else []:
+        if (
+            isinstance(namespace, dict)
+            and namespace.get("type") == "network"
+            and namespace.get("path")
+        ):
+            return str(namespace["path"])
+    pid = info.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        return f"/proc/{pid}/ns/net"
+    return None

@@ -442,6 +442,19 @@ class DockerEngine:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
+    async def sandbox_netns(self, id: str) -> str:
+        """The infra container's own: /proc/<State.Pid>/ns/net (the engine reports the host
+        pid)."""
+        try:
+            info = await self._client.json("GET", f"containers/{id}/json")
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot inspect sandbox {id[:12]}: {e.message}") from e
+        state = info.get("State") or {}
+        pid = state.get("Pid")
+        if not state.get("Running") or not isinstance(pid, int) or pid <= 0:
+            raise RuntimeFailure(f"sandbox {id[:12]} is not running")
+        return f"/proc/{pid}/ns/net"
+
     # --- logs -----------------------------------------------------------------------------------
 
     async def read_log(

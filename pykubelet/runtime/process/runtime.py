@@ -47,6 +47,7 @@ from pykubelet.runtime.base import (
     RuntimePod,
     RuntimeSandbox,
     StartError,
+    dial_local_port,
 )
 from pykubelet.runtime.process import records, statefile
 from pykubelet.runtime.process.cgroups import Cgroups, Settings
@@ -249,6 +250,16 @@ class ProcessRuntime:
             raise RuntimeFailure(f"container {container.name} is not running")
         self._execs.setdefault(rec.id, set()).add(stream)
         return stream
+
+    async def port_forward(
+        self, pod_uid: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Containers here share the host's network (as hostNetwork pods do): the pod's port
+        is the host's, on 127.0.0.1."""
+        pod = self._pods.get(pod_uid)
+        if pod is None or pod.sandbox is None:
+            raise RuntimeFailure(f"pod {pod_uid} has no sandbox on this node")
+        return await dial_local_port(port)
 
     async def _exec_plan(
         self, container: RuntimeContainer, command: list[str], env: list[tuple[str, str]]

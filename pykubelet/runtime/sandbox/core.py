@@ -46,6 +46,7 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
     SharedPulls,
     StartError,
+    dial_local_port,
     ensure_image,
 )
 from pykubelet.runtime.sandbox.cache import StatusCache
@@ -57,6 +58,7 @@ from pykubelet.runtime.sandbox.engine import (
     PullError,
     SandboxEntry,
 )
+from pykubelet.runtime.sandbox.netns import socket_in
 from pykubelet.runtime.sandbox.views import container_view, pick_sandbox, pods, sandbox_view
 
 log = logging.getLogger(__name__)
@@ -382,6 +384,24 @@ class SandboxRuntime(Generic[R]):
         return await self._engine.exec_stream(
             container.id, container.name, command, stdin=stdin, tty=tty
         )
+
+    async def port_forward(
+        self, pod_uid: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """127.0.0.1:`port` in the network namespace of the pod's ready sandbox, as the
+        kubelet's runtimes dial it (netns.py: the socket is made in the namespace, then
+        connected from here)."""
+        sandbox = pick_sandbox(self._cache.sandboxes(pod_uid))
+        if sandbox is None or not sandbox.ready:
+            raise RuntimeFailure(f"pod {pod_uid} has no ready sandbox")
+        path = await self._engine.sandbox_netns(sandbox.id)
+        try:
+            sock = await socket_in(path)
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"cannot enter the network namespace of sandbox {sandbox.id[:12]}: {exc}"
+            ) from exc
+        return await dial_local_port(port, sock)
 
     def _check_running(self, container: RuntimeContainer) -> None:
         entry = self._cache.container(container.id)

@@ -233,6 +233,12 @@ class Engine(Inspector, Protocol[R]):
         cannot do that (saying why)."""
         ...
 
+    async def sandbox_netns(self, id: str) -> str:
+        """The path of the running sandbox's network namespace (/proc/<its pid>/ns/net, or
+        the namespace file the engine keeps); RuntimeFailure if it does not run or the
+        engine does not tell."""
+        ...
+
     async def read_log(
         self,
         id: str,
