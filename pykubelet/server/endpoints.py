@@ -217,6 +217,9 @@ async def _stream_log(
     return response
 
 
+SHUTDOWN_SECONDS = 2.0
+
+
 class HttpServer:
     """Serves an aiohttp app on address:port (0: a free port), over TLS with `ssl_context`."""
 
@@ -229,7 +232,11 @@ class HttpServer:
     ) -> None:
         # handler_cancellation: a `logs -f` client that goes away ends its handler (and the
         # follow loop), instead of leaving it polling the log forever.
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        # shutdown_timeout: an exec or port-forward session still open when the agent stops is
+        # cancelled after 2 s, not aiohttp's 60 s.
+        self._runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_SECONDS
+        )
         self._address = address
         self._port = port
         self._ssl = ssl_context

@@ -14,14 +14,14 @@ GET|POST /exec/{ns}/{pod}/[{uid}/]{c}    a command in the container (streaming/:
                                          SPDY, stdin, tty, exit code)
 GET|POST /portForward/{ns}/{pod}[/{uid}] TCP connections to the pod's ports (streaming/
                                          portforward.py: SPDY, SPDY in a WebSocket, channels)
+GET /metrics/resource, /stats/summary    usage, from stats/ (server/stats.py)
 
-/attach, /run and the stats endpoints are not served yet: they answer 501 with a Status naming
-what is missing, never a silent 404.
+/attach, /run and the other /stats paths are not served yet: they answer 501 with a Status
+naming what is missing, never a silent 404.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -36,6 +36,7 @@ from pykubelet.server.auth import (
     request_attributes,
 )
 from pykubelet.server.endpoints import NodeView, add_node_routes, counting
+from pykubelet.server.errors import status_response
 from pykubelet.server.streaming.portforward import parse_ports, serve_port_forward
 from pykubelet.server.streaming.remotecommand import exec_options
 from pykubelet.server.streaming.session import serve_stream
@@ -47,25 +48,8 @@ Obj = dict[str, Any]
 NOT_YET = {
     "attach": "attach",
     "run": "run",
-    "stats": "the Summary API",
+    "stats": "this part of the stats API",
 }
-
-
-def status_body(code: int, reason: str, message: str) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    return web.Response(
-        text=json.dumps(body, separators=(",", ":")),
-        status=code,
-        content_type="application/json",
-    )
 
 
 def authenticating(authenticator: Authenticator, authorizer: Authorizer, node_name: str) -> Any:
@@ -74,17 +58,17 @@ def authenticating(authenticator: Authenticator, authorizer: Authorizer, node_na
         peercert = request.transport.get_extra_info("peercert") if request.transport else None
         user = await authenticator.authenticate(peercert, request.headers.get("Authorization"))
         if user is None:
-            return status_body(401, "Unauthorized", "Unauthorized")
+            return status_response(401, "Unauthorized", "Unauthorized")
         attrs = request_attributes(request.method, request.path, node_name)
         try:
             allowed = await authorizer.authorize(user, attrs)
         except ReviewError as exc:
             log.warning("authorization of %s failed: %s", attrs.describe(user), exc)
-            return status_body(
+            return status_response(
                 500, "InternalError", f"Authorization error ({attrs.describe(user)})"
             )
         if not allowed:
-            return status_body(403, "Forbidden", f"Forbidden ({attrs.describe(user)})")
+            return status_response(403, "Forbidden", f"Forbidden ({attrs.describe(user)})")
         response: web.StreamResponse = await handler(request)
         return response
 
@@ -139,7 +123,7 @@ def build_secure_app(
     async def not_yet(request: web.Request) -> web.Response:
         first = request.path.lstrip("/").split("/", 1)[0]
         what = NOT_YET.get(first, first)
-        return status_body(
+        return status_response(
             501, "NotImplemented", f"{what} is not supported by pykubelet yet ({request.path})"
         )
 
@@ -148,13 +132,13 @@ def build_secure_app(
         try:
             opts = exec_options(request.query.getall("command", []), request.query)
         except ValueError as exc:
-            return status_body(400, "BadRequest", str(exc))
+            return status_response(400, "BadRequest", str(exc))
         try:
             container, env = await node.running_container(
                 info["namespace"], info["pod"], info["container"], info.get("uid")
             )
         except LookupError as exc:
-            return status_body(404, "NotFound", str(exc))
+            return status_response(404, "NotFound", str(exc))
         return await serve_stream(request, node.runtime, container, env, opts)
 
     async def port_forward(request: web.Request) -> web.StreamResponse:
@@ -163,15 +147,15 @@ def build_secure_app(
         try:
             ports = parse_ports(request.query.getall("port", []))
         except ValueError as exc:
-            return status_body(400, "BadRequest", str(exc))
+            return status_response(400, "BadRequest", str(exc))
         pod = node.find_pod(namespace, name)
         if pod is None or (uid and pod.uid != uid):
-            return status_body(404, "NotFound", f'pod "{namespace}/{name}" not found')
+            return status_response(404, "NotFound", f'pod "{namespace}/{name}" not found')
         runtime_pod = await node.runtime.get_pod(pod.uid)
         if runtime_pod is None or not any(
             c.state is ContainerRunState.RUNNING for c in runtime_pod.containers
         ):
-            return status_body(400, "BadRequest", f'pod "{namespace}/{name}" is not running')
+            return status_response(400, "BadRequest", f'pod "{namespace}/{name}" is not running')
         pod_uid = pod.uid
         return await serve_port_forward(
             request,
