@@ -33,7 +33,8 @@ from pykubelet.server.streaming.portforward import (
     parse_ports,
     serve_port_forward,
 )
-from pykubelet.server.streaming.spdy import SpdySession, SpdyStream, SpdyStreamReset
+from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
+from pykubelet.server.streaming.spdy_frames import SpdyStreamReset
 from tests.fakes.runtime import FakeRuntime
 from tests.unit.test_fake_runtime_contract import make_pod
 

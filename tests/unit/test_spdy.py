@@ -24,7 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from pykubelet.server.streaming.hijack import HijackError, upgrade_to_spdy, upgraded_response
-from pykubelet.server.streaming.spdy import (
+from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
+from pykubelet.server.streaming.spdy_frames import (
     FLAG_FIN,
     FLAG_UNIDIRECTIONAL,
     HEADER_DICTIONARY,
@@ -43,9 +44,7 @@ from pykubelet.server.streaming.spdy import (
     SettingId,
     Settings,
     SpdyError,
-    SpdySession,
     SpdySessionClosed,
-    SpdyStream,
     SpdyStreamReset,
     SynReply,
     SynStream,

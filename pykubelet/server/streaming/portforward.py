@@ -46,7 +46,8 @@ from aiohttp import WSMsgType, web
 
 from pykubelet.runtime.base import RuntimeFailure
 from pykubelet.server.streaming.hijack import is_spdy_upgrade, upgrade_to_spdy, upgraded_response
-from pykubelet.server.streaming.spdy import SpdyError, SpdySession, SpdyStream, SpdyStreamReset
+from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
+from pykubelet.server.streaming.spdy_frames import SpdyError, SpdyStreamReset
 from pykubelet.server.streaming.websocket import is_websocket
 
 log = logging.getLogger(__name__)
