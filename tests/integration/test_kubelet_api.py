@@ -388,3 +388,46 @@ def test_kubectl_exec_with_a_terminal(
     text = output.decode(errors="replace")
     assert "/dev/pts/" in text, text
     assert "33 111" in text, text
+
+
+def test_requests_that_reach_nothing_are_answered_so(
+    node: tuple[Agent, KubeClient, Path], apiserver: ApiServer
+) -> None:
+    """A pod of another node, a path outside the API, a header too large: each a clear answer,
+    and the node goes on serving."""
+    agent, client, kubeconfig = node
+    apiserver.add_token("ops-token", "ops", ("ops",))
+    apiserver.grant("ops", "nodes/proxy", ["get", "create"])
+    client.create_pod(pod_body("elsewhere", f"{NODE}-other", "sleep 600"))
+
+    # The API server sends a pod's requests to the pod's node; asked directly, this node does
+    # not have it.
+    path = "/exec/default/elsewhere/main?command=true&output=1"
+    code, body = call(agent, path, token="ops-token")
+    assert code == 404, body
+    assert status_of(body)["message"] == 'pod "default/elsewhere" not found'
+    code, body = call(agent, "/containerLogs/default/elsewhere/main", token="ops-token")
+    assert code == 404 and "not found" in status_of(body)["message"]
+
+    # Outside the API: authenticated first (401 without credentials), then not found.
+    assert call(agent, "/no/such/path")[0] == 401
+    assert call(agent, "/no/such/path", token="ops-token")[0] == 404
+
+    # A header past the server's limit: refused, not buffered.
+    url = urllib.parse.urlsplit(agent.secure_url)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    conn = http.client.HTTPSConnection(url.hostname or "", url.port, context=ctx, timeout=10)
+    try:
+        conn.request(
+            "GET", "/pods", headers={"Authorization": "Bearer ops-token", "X-Big": "x" * 20000}
+        )
+        assert conn.getresponse().status in (400, 431)
+    finally:
+        conn.close()
+    assert call(agent, "/healthz", token="ops-token") == (200, "ok")
+
+    # Through the API server, a pod of a node that never registered is the API server's error.
+    missing = kubectl_exec(kubeconfig, "true", "elsewhere", "--", "true")
+    assert missing.returncode != 0
