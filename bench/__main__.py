@@ -1,6 +1,6 @@
 """Run the benchmarks, print a table, write bench/results.json.
 
-python -m bench [--quick] [--only latency,merger,steady]
+python -m bench [--quick] [--only latency,merger,steady,podman,streaming]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import latency, merger, podman, steady
+from bench import latency, merger, podman, steady, streaming
 
 RESULTS = Path(__file__).with_name("results.json")
 
@@ -40,7 +40,7 @@ def machine() -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="smaller N and shorter windows")
-    parser.add_argument("--only", default="latency,merger,steady,podman")
+    parser.add_argument("--only", default="latency,merger,steady,podman,streaming")
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict[str, Any] = {"machine": machine()}
@@ -94,6 +94,10 @@ def main() -> int:
             f"running {s['all_running_seconds']:.1f}s",
             flush=True,
         )
+    if "streaming" in only:
+        results["streaming"] = streaming.run(args.quick)
+        for line in streaming.table(results["streaming"]):
+            print(line, flush=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0
