@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from pykubelet import __version__
-from pykubelet.app import run_agent
 from pykubelet.cmd import config_file, ctl, logs
 from pykubelet.common.options import (
     AUTHORIZATION_MODES,
@@ -399,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_options(args)
     logs.setup(opts.log_format, opts.verbosity)
     raise_open_file_limit()
+    # Imported here: the agent's modules take a second or two to load, which the client verbs
+    # above (pykubelet exec, get, ...) do not need.
+    from pykubelet.app import run_agent
+
     return asyncio.run(run_agent(opts))
 
 

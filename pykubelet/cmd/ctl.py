@@ -1,4 +1,6 @@
-"""`pykubelet get|logs|describe|version`: look at a running agent through its read-only API.
+"""`pykubelet get|logs|describe|version`: look at a running agent through its read-only API;
+and the dispatcher of the verbs that work through a node's authenticated kubelet API
+(`exec_cmd.py`, `portforward_cmd.py`, `top_cmd.py`, over `nodeclient.py`).
 
 Tables and texts follow kubectl's, so what a Kubernetes user reads here looks familiar.
 """
@@ -19,14 +21,20 @@ from typing import Any, NoReturn, TextIO
 import yaml
 
 from pykubelet import __version__
+from pykubelet.cmd import exec_cmd, portforward_cmd, top_cmd
+from pykubelet.cmd.nodeclient import CtlError, find_pod
 from pykubelet.server.present import age, human_duration, parse_time, pod_status_reason, restarts
 
 DEFAULT_SERVER = "http://127.0.0.1:10255"
-COMMANDS = ("get", "logs", "describe", "version")
-
-
-class CtlError(Exception):
-    """A problem to show the user as one line, exit code 1."""
+# The verbs over the kubelet API (--port), each a module: name -> (add_parser, run). An attach
+# verb goes here the same way (remote.py has its session) once the node serves /attach.
+NODE_VERBS = {
+    "exec": (exec_cmd.add_parser, exec_cmd.run),
+    "port-forward": (portforward_cmd.add_parser, portforward_cmd.run),
+    "top": (top_cmd.add_parser, top_cmd.run),
+}
+COMMANDS = ("get", "logs", "describe", "version", *NODE_VERBS)
+__all__ = ["COMMANDS", "CtlError", "build_parser", "describe_pod", "main", "print_pods"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,20 +64,6 @@ def _open(server: str, path: str, timeout: float | None = 10.0) -> Any:
 def _get_json(server: str, path: str) -> Any:
     with _open(server, path) as resp:
         return json.loads(resp.read())
-
-
-def _find_pod(pods: list[dict[str, Any]], name: str, namespace: str) -> dict[str, Any]:
-    in_ns = [p for p in pods if p["metadata"].get("namespace") == namespace]
-    for pod in in_ns:
-        if pod["metadata"]["name"] == name:
-            return pod
-    # A static pod's name ends with the node's: accept the name as written in the manifest.
-    suffixed = [p for p in in_ns if p["metadata"]["name"].startswith(f"{name}-")]
-    nodes = {p["metadata"]["name"]: p for p in suffixed if p["spec"].get("nodeName")}
-    matches = [p for n, p in nodes.items() if n == f"{name}-{p['spec']['nodeName'].lower()}"]
-    if len(matches) == 1:
-        return matches[0]
-    raise CtlError(f'pod "{name}" not found in namespace "{namespace}"')
 
 
 # --- formatting ----------------------------------------------------------------------------------
@@ -240,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("name")
     _common(describe)
     sub.add_parser("version", help="print the version")
+    for add_parser, _ in NODE_VERBS.values():
+        add_parser(sub)
     return p
 
 
@@ -248,7 +244,7 @@ def _cmd_get(ns: argparse.Namespace, out: TextIO) -> int:
     if not ns.all_namespaces:
         pods = [p for p in pods if p["metadata"].get("namespace") == ns.namespace]
     if ns.name:
-        pods = [_find_pod(pods, ns.name, ns.namespace)]
+        pods = [find_pod(pods, ns.name, ns.namespace)]
     if ns.output == "json":
         doc: Any = pods[0] if ns.name else {"apiVersion": "v1", "kind": "List", "items": pods}
         out.write(json.dumps(doc, indent=4) + "\n")
@@ -261,7 +257,7 @@ def _cmd_get(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_logs(ns: argparse.Namespace, out: TextIO) -> int:
-    pod = _find_pod(_get_json(ns.server, "/pods")["items"], ns.pod, ns.namespace)
+    pod = find_pod(_get_json(ns.server, "/pods")["items"], ns.pod, ns.namespace)
     names = [c["name"] for c in pod["spec"]["containers"]]
     container = ns.container
     if container is None:
@@ -289,7 +285,7 @@ def _cmd_logs(ns: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_describe(ns: argparse.Namespace, out: TextIO) -> int:
-    pod = _find_pod(_get_json(ns.server, "/pods")["items"], ns.name, ns.namespace)
+    pod = find_pod(_get_json(ns.server, "/pods")["items"], ns.name, ns.namespace)
     events = [
         e
         for e in _get_json(ns.server, "/events")["items"]
@@ -301,13 +297,27 @@ def _cmd_describe(ns: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`exec ... -- COMMAND...`: what follows the first `--` is the command, untouched
+    (argparse's subparsers do not take `--` apart reliably)."""
+    if argv[:1] == ["exec"] and "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1 :]
+    return argv, None
+
+
 def main(argv: Sequence[str], out: TextIO = sys.stdout) -> int:
-    ns = build_parser().parse_args(list(argv))
+    args, command = _split_command(list(argv))
+    ns = build_parser().parse_args(args)
+    if command is not None:
+        ns.command_line = [*ns.command_line, *command]
     if ns.command == "version":
         out.write(f"pykubelet {__version__}\n")
         return 0
     handlers = {"get": _cmd_get, "logs": _cmd_logs, "describe": _cmd_describe}
     try:
+        if ns.command in NODE_VERBS:
+            return NODE_VERBS[ns.command][1](ns)
         return handlers[ns.command](ns, out)
     except CtlError as err:
         sys.stderr.write(f"error: {err}\n")

@@ -79,3 +79,53 @@ def test_table() -> None:
         "NAME   READY   STATUS    RESTARTS     AGE",
         "p      1/1     Running   2 (7s ago)   42s",
     ]
+
+
+# --- top pods (pykubelet/cmd/top_cmd.py) ---------------------------------------------------------
+
+
+def _top_args(**overrides: Any) -> Any:
+    import argparse
+
+    values = {
+        "all_namespaces": False,
+        "containers": False,
+        "sort_by": None,
+        "no_headers": False,
+        "namespace": "default",
+        "name": None,
+    }
+    return argparse.Namespace(**{**values, **overrides})
+
+
+def test_top_units_as_kubectl_prints_them() -> None:
+    from pykubelet.cmd.top_cmd import cpu_text, memory_text
+
+    # kubectl: MilliValue (rounded up) and whole MiB (rounded down).
+    assert cpu_text(0) == "0m"
+    assert cpu_text(1) == "1m"
+    assert cpu_text(467_000_000) == "467m"
+    assert cpu_text(467_000_001) == "468m"
+    assert cpu_text(1_813_200_000) == "1814m"
+    assert memory_text(54 * 2**20 + 2**20 - 1) == "54Mi"
+    assert memory_text(0) == "0Mi"
+
+
+def test_top_table_is_kubectls_tabwriter() -> None:
+    from pykubelet.cmd.top_cmd import Usage, print_usages
+
+    rows = [
+        Usage("default", "a", "", 1e6, 2**20),
+        Usage("kube-system", "a-much-longer-name", "", 467e6, 54 * 2**20),
+    ]
+    out = io.StringIO()
+    print_usages(rows, _top_args(sort_by="cpu"), out)
+    assert out.getvalue() == (
+        "NAME                 CPU(cores)   MEMORY(bytes)\n"
+        "a-much-longer-name   467m         54Mi\n"
+        "a                    1m           1Mi\n"
+    )
+    out = io.StringIO()
+    print_usages(rows[:1], _top_args(all_namespaces=True, no_headers=True), out)
+    # Cells of at least 6: "a" takes 6, as kubectl's tabwriter pads it.
+    assert out.getvalue() == "default   a     1m    1Mi\n"
