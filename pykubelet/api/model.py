@@ -218,6 +218,7 @@ class Container(ApiModel):
     # Only init containers may set it, and only to Always (a sidecar).
     restart_policy: Literal["Always"] | None = None
     stdin: bool | None = None
+    stdin_once: bool | None = None
     tty: bool | None = None
     liveness_probe: Probe | None = None
     readiness_probe: Probe | None = None

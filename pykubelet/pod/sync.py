@@ -465,6 +465,9 @@ class PodSync:
             supplemental_groups=security.supplemental_groups,
             read_only_root_filesystem=security.read_only_root_filesystem,
             privileged=security.privileged,
+            stdin=bool(spec.stdin),
+            stdin_once=bool(spec.stdin and spec.stdin_once),
+            tty=bool(spec.tty),
         )
         try:
             started = await self.runtime.start_container(pod, sandbox, config)

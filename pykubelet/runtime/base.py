@@ -120,6 +120,11 @@ class ContainerConfig:
     supplemental_groups: list[int] = field(default_factory=list)
     read_only_root_filesystem: bool = False
     privileged: bool = False
+    # The container's own stdio, for `kubectl attach`: stdin kept open by the runtime (closed
+    # after the first attach ends with `stdin_once`), a terminal with `tty`.
+    stdin: bool = False
+    stdin_once: bool = False
+    tty: bool = False
 
 
 # Kubernetes keeps at most this much of an exec probe's output.
@@ -341,6 +346,15 @@ class Runtime(Protocol):
         """Start a command in the running container as exec_sync does, with its stdio
         attached (a terminal with `tty`). Raises RuntimeFailure if the container is not
         running, the command cannot start, or the backend cannot do it (saying why)."""
+        ...
+
+    async def attach(self, container: RuntimeContainer, *, stdin: bool, tty: bool) -> ExecStream:
+        """The running container's own stdio (`kubectl attach`): what it writes from now on,
+        its stdin if its spec has `stdin: true` (input is dropped otherwise, as the engines
+        drop it), its terminal's size with `tty`. `wait()` is the container's exit; `close()`
+        detaches and never stops it (with `stdinOnce`, the first attach's end closes the
+        container's stdin). RuntimeFailure if it is not running or the backend cannot attach
+        (saying why)."""
         ...
 
     async def port_forward(

@@ -111,6 +111,12 @@ class InstrumentedRuntime:
             lambda: self.inner.exec_stream(container, command, env, stdin=stdin, tty=tty),
         )
 
+    async def attach(self, container: RuntimeContainer, *, stdin: bool, tty: bool) -> ExecStream:
+        """Counted once, as exec_stream."""
+        return await self._count(
+            "attach", lambda: self.inner.attach(container, stdin=stdin, tty=tty)
+        )
+
     async def port_forward(
         self, pod_uid: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -12,11 +12,12 @@ GET /configz                             {"kubeletconfig": ...}: the configurati
 GET /metrics                             Prometheus metrics
 GET|POST /exec/{ns}/{pod}/[{uid}/]{c}    a command in the container (streaming/: WebSocket or
                                          SPDY, stdin, tty, exit code)
+GET|POST /attach/{ns}/{pod}/[{uid}/]{c}  the container's own stdio (the same protocol)
 GET|POST /portForward/{ns}/{pod}[/{uid}] TCP connections to the pod's ports (streaming/
                                          portforward.py: SPDY, SPDY in a WebSocket, channels)
 GET /metrics/resource, /stats/summary    usage, from stats/ (server/stats.py)
 
-/attach, /run and the other /stats paths are not served yet: they answer 501 with a Status
+/run and the other /stats paths are not served yet: they answer 501 with a Status
 naming what is missing, never a silent 404.
 """
 
@@ -38,7 +39,7 @@ from pykubelet.server.auth import (
 from pykubelet.server.endpoints import NodeView, add_node_routes, counting
 from pykubelet.server.errors import status_response
 from pykubelet.server.streaming.portforward import parse_ports, serve_port_forward
-from pykubelet.server.streaming.remotecommand import exec_options
+from pykubelet.server.streaming.remotecommand import attach_options, exec_options
 from pykubelet.server.streaming.session import serve_stream
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 NOT_YET = {
-    "attach": "attach",
     "run": "run",
     "stats": "this part of the stats API",
 }
@@ -139,7 +139,35 @@ def build_secure_app(
             )
         except LookupError as exc:
             return status_response(404, "NotFound", str(exc))
-        return await serve_stream(request, node.runtime, container, env, opts)
+        return await serve_stream(
+            request,
+            "exec",
+            container,
+            lambda: node.runtime.exec_stream(
+                container, opts.command, env, stdin=opts.stdin, tty=opts.tty
+            ),
+            opts,
+        )
+
+    async def attach(request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        try:
+            opts = attach_options(request.query)
+        except ValueError as exc:
+            return status_response(400, "BadRequest", str(exc))
+        try:
+            container, _ = await node.running_container(
+                info["namespace"], info["pod"], info["container"], info.get("uid")
+            )
+        except LookupError as exc:
+            return status_response(404, "NotFound", str(exc))
+        return await serve_stream(
+            request,
+            "attach",
+            container,
+            lambda: node.runtime.attach(container, stdin=opts.stdin, tty=opts.tty),
+            opts,
+        )
 
     async def port_forward(request: web.Request) -> web.StreamResponse:
         info = request.match_info
@@ -180,6 +208,12 @@ def build_secure_app(
     ):
         app.router.add_route("GET", path, exec_command)
         app.router.add_route("POST", path, exec_command)
+    for path in (
+        "/attach/{namespace}/{pod}/{container}",
+        "/attach/{namespace}/{pod}/{uid}/{container}",
+    ):
+        app.router.add_route("GET", path, attach)
+        app.router.add_route("POST", path, attach)
     for path in ("/portForward/{namespace}/{pod}", "/portForward/{namespace}/{pod}/{uid}"):
         app.router.add_route("GET", path, port_forward)
         app.router.add_route("POST", path, port_forward)

@@ -21,6 +21,10 @@ It keeps the promises of `pykubelet/runtime/base.py` as the real backends keep t
   bounded as a pipe's: a command writes at most `FakeExecStream.PENDING` chunks ahead of its
   reader, then waits; input written after its end or its EOF is dropped; it dies (exit code
   None) when closed or when its container exits.
+- `attach` to a container that is not running is a `RuntimeFailure`; else a `FakeExecStream`
+  (command `[]`) driven by the programmed script (`set_attach`), or, without one, one that
+  writes nothing until its container exits; `attaches` lists them. Closing it detaches (the
+  container runs on); it ends when its container exits.
 - `port_forward` into a pod without a ready sandbox is a `RuntimeFailure`; to a port nothing
   serves (`serve_port`) too, in the words of a refused dial; else a real socket pair, the
   other end handed to the port's handler (a task), so reads and writes block as a TCP
@@ -30,10 +34,11 @@ It keeps the promises of `pykubelet/runtime/base.py` as the real backends keep t
 
 Test controls: `behave()` (how containers of a name behave when started), `exit_container()`,
 `oom_kill()`, `kill_sandbox()`, `write_log()`, `fail()` / `heal()` (make operations raise),
-`hang()` / `release()` (make them wait), `set_exec()`, `set_exec_stream()`, `serve_port()`; and
+`hang()` / `release()` (make them wait), `set_exec()`, `set_exec_stream()`, `set_attach()`,
+`serve_port()`; and
 what happened:
 `calls` (every call, in order), `ops()`, `containers()`, `latest()`, `config_of()`,
-`exec_streams` (each stream, with what it was sent).
+`exec_streams` and `attaches` (each stream, with what it was sent).
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ OPERATIONS = frozenset(
         "follow_log",
         "exec_sync",
         "exec_stream",
+        "attach",
         "port_forward",
         "pull_image",
     }
@@ -389,6 +395,8 @@ class FakeRuntime:
         self._exec: dict[str | None, ExecResult | ExecHandler | Exception] = {}
         self._exec_scripts: dict[str | None, ExecScript] = {}
         self.exec_streams: list[FakeExecStream] = []
+        self._attach_scripts: dict[str | None, ExecScript] = {}
+        self.attaches: list[FakeExecStream] = []
         self._ports: dict[tuple[str | None, int], PortHandler] = {}
         self._port_tasks: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
@@ -446,6 +454,11 @@ class FakeRuntime:
         """The command `exec_stream` starts (in containers of that name, or all): an async
         function of its `FakeExecStream`, run as a task."""
         self._exec_scripts[container] = script
+
+    def set_attach(self, script: ExecScript, *, container: str | None = None) -> None:
+        """What an `attach` to containers of that name (or all) sees: an async function of its
+        `FakeExecStream`, run as a task (the container's side of its stdio)."""
+        self._attach_scripts[container] = script
 
     def serve_port(self, port: int, handler: PortHandler, *, pod_uid: str | None = None) -> None:
         """What listens on `port` (in that pod, or in every pod): `handler(reader, writer)` runs
@@ -733,6 +746,20 @@ class FakeRuntime:
         stream.start(script)
         return stream
 
+    async def attach(
+        self, container: RuntimeContainer, *, stdin: bool, tty: bool
+    ) -> FakeExecStream:
+        await self._enter("attach", container.pod_uid, container.name)
+        rec = self._record(container)
+        if rec is None or rec.state is not ContainerRunState.RUNNING:
+            raise RuntimeFailure(f"container {container.name} is not running")
+        script = self._attach_scripts.get(container.name, self._attach_scripts.get(None))
+        stream = FakeExecStream(container, [], [], stdin=stdin, tty=tty)
+        rec.execs.append(stream)  # ends with its container
+        self.attaches.append(stream)
+        stream.start(script or _until_exit)
+        return stream
+
     async def port_forward(
         self, pod_uid: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -855,3 +882,8 @@ class FakeRuntime:
 
 # mypy --strict checks that the fake is a Runtime, member by member.
 _: type[Runtime] = FakeRuntime
+
+
+async def _until_exit(stream: FakeExecStream) -> None:
+    """An attach to a container that writes nothing: it lasts until the container exits."""
+    await stream._exited.wait()

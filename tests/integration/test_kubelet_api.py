@@ -228,9 +228,9 @@ def test_the_kubelet_api_authenticates_and_authorizes_every_request(
     assert json.loads(body)["kind"] == "PodList"
 
     # What pykubelet does not serve yet says so; a request that makes no sense says why.
-    code, body = call(agent, "/attach/default/web/main", token="alice-token", method="POST")
+    code, body = call(agent, "/run/default/web/main", token="alice-token", method="POST")
     assert code == 501, body
-    assert "attach is not supported by pykubelet yet" in status_of(body)["message"]
+    assert "run is not supported by pykubelet yet" in status_of(body)["message"]
     code, body = call(agent, "/exec/default/web/main?command=true", token="alice-token")
     assert code == 400, body
     assert status_of(body)["message"] == "you must specify at least 1 of stdin, stdout, stderr"

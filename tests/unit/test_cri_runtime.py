@@ -239,6 +239,9 @@ async def test_exec_stream_with_stdin_or_a_terminal_is_refused(runtime: CriRunti
         with pytest.raises(RuntimeFailure) as e:
             await runtime.exec_stream(c, ["cat"], [], stdin=stdin, tty=tty)
         assert str(e.value) == refusal
+    # attach needs the same streaming server: refused, saying so.
+    with pytest.raises(RuntimeFailure, match="attach to container c on the remote runtime needs"):
+        await runtime.attach(c, stdin=True, tty=False)
     await runtime.stop_container(c, 10)
     await exited(runtime, c)
     with pytest.raises(RuntimeFailure, match="not running"):

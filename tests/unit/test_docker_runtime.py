@@ -145,6 +145,10 @@ def test_mounts_users_and_pids_limit_in_the_create_request() -> None:
     assert host["PidsLimit"] == 20
     plain = container_body(make_pod(), "i", config(), podman=True)
     assert "User" not in plain and "PidsLimit" not in plain["HostConfig"]
+    assert "OpenStdin" not in plain and "Tty" not in plain
+    stdio = dataclasses.replace(config(), stdin=True, stdin_once=True, tty=True)
+    body = container_body(make_pod(), "i", stdio, podman=True)
+    assert (body["OpenStdin"], body["StdinOnce"], body["Tty"]) == (True, True, True)
     assert "Binds" not in plain["HostConfig"] and "Privileged" not in plain["HostConfig"]
     assert (
         container_body(make_pod(), "i", dataclasses.replace(config(), run_as_user=0), podman=True)[

@@ -21,7 +21,9 @@ from pykubelet.server.streaming.remotecommand import (
     ResizeDecoder,
     exec_options,
     exit_status,
+    serve_attach,
     serve_exec,
+    success_status,
 )
 from pykubelet.server.streaming.websocket import WebSocketChannels
 
@@ -159,3 +161,52 @@ async def test_before_v4_a_failure_is_its_message_and_success_says_nothing() -> 
                 assert error is not None and error.startswith(expected)
         finally:
             await client.close()
+
+
+class QuietProcess(EchoProcess):
+    """A container that keeps its stdin open when the client's ends (no stdinOnce)."""
+
+    async def close_stdin(self) -> None:
+        pass
+
+
+async def test_attach_reports_success_and_a_client_that_leaves_detaches() -> None:
+    # Ends with its output: Success, whatever the exit code (the kubelet's attach).
+    process = EchoProcess(code=3)
+    opts = ExecOptions(["attach"], stdin=True, stdout=True, stderr=True, tty=False)
+    done: asyncio.Event = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        channels = await WebSocketChannels.open(request, opts)
+        try:
+            await serve_attach(channels, process, opts)
+        except ConnectionError:
+            pass  # the client left: session.py logs it
+        finally:
+            done.set()  # (aiohttp may cancel the handler of a client that left)
+        return channels.response
+
+    app = web.Application()
+    app.router.add_get("/attach", handler)
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        async with client.ws_connect("/attach", protocols=("v5.channel.k8s.io",)) as ws:
+            assert await ws.receive_bytes() == b"\x01"
+            await ws.send_bytes(b"\x00hi\n")
+            assert await ws.receive_bytes() == b"\x01hi\n"
+            await ws.send_bytes(b"\xff\x00")
+            status = await ws.receive_bytes()
+        assert json.loads(status[1:]) == success_status()
+        assert process.closed
+        # A client that goes away while the container is quiet: the attach ends (detached).
+        quiet = QuietProcess()
+        process = quiet
+        async with client.ws_connect("/attach", protocols=("v5.channel.k8s.io",)) as ws:
+            assert await ws.receive_bytes() == b"\x01"
+        async with asyncio.timeout(5):
+            while not quiet.closed:  # closed by its session's end, not by a handler we await
+                await done.wait()
+                done.clear()
+    finally:
+        await client.close()

@@ -164,6 +164,9 @@ def container_config(pod: Pod, config: ContainerConfig, memory_capacity: int) ->
             LABEL_SPEC_HASH: config.spec_hash,
         },
         log_path=f"{config.name}/{config.attempt}.log",
+        stdin=config.stdin,
+        stdin_once=config.stdin_once,
+        tty=config.tty,
         linux=api.LinuxContainerConfig(resources=resources, security_context=security),
     )
 

@@ -473,6 +473,14 @@ class CriEngine:
         output = (reply.stdout + reply.stderr)[:MAX_EXEC_OUTPUT]
         return ExecResult(int(reply.exit_code), output)
 
+    async def attach(self, id: str, name: str, *, stdin: bool, tty: bool) -> ExecStream:
+        """The CRI's Attach answers with a URL of the runtime's own streaming server, for the
+        kubelet to proxy the client to: not done, so it is refused, saying so."""
+        raise RuntimeFailure(
+            f"attach to container {name} on the remote runtime needs the CRI streaming server, "
+            "which pykubelet does not proxy yet"
+        )
+
     async def exec_stream(
         self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
     ) -> ExecStream:

@@ -1,6 +1,7 @@
 """The Docker Engine API's HTTP calls, over aiodocker (pinned): its helpers where they fit, its
 `_query` where raw streams are needed (logs, events, exec), its `Exec` for an exec with its stdio
-attached (`ExecSession`: the hijacked connection of exec/{id}/start). Everything untyped about
+attached (`ExecSession`: the hijacked connection of exec/{id}/start), and the same for a
+container's own stdio (`attach_session`: containers/{id}/attach). Everything untyped about
 aiodocker stays in here.
 
 Errors: an engine that cannot be reached (or does not answer in time) is a RuntimeFailure; an
@@ -164,6 +165,20 @@ class DockerClient:
             await stream.__aenter__()
         return ExecSession(self, exec_id, stream)
 
+    async def attach_session(self, container_id: str, stdin: bool) -> ExecSession:
+        """Attach to the running container's stdio on a hijacked connection (`stream=1`: what
+        it writes from now on, not its logs)."""
+        client = self._require()
+        stream = client.containers.container(container_id).attach(
+            stdout=True,
+            stderr=True,
+            stdin=stdin,
+            timeout=aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT),
+        )
+        with self._errors():
+            await stream.__aenter__()
+        return AttachSession(self, container_id, stream)
+
     def _require(self) -> aiodocker.Docker:
         if self._client is None:
             raise RuntimeFailure("the docker runtime is not started")
@@ -248,3 +263,16 @@ class ExecSession:
         self._closed = True
         with contextlib.suppress(aiohttp.ClientError, OSError):
             await self._stream.close()
+
+
+class AttachSession(ExecSession):
+    """A container's own stdio on a hijacked connection: `id` is the container's."""
+
+    async def resize(self, width: int, height: int) -> None:
+        await self._client.post(
+            f"containers/{self.id}/resize", params={"h": str(height), "w": str(width)}
+        )
+
+    async def inspect(self) -> dict[str, Any]:
+        info = await self._client.json("GET", f"containers/{self.id}/json")
+        return dict(info or {})

@@ -202,6 +202,10 @@ def container_body(
         body["Cmd"] = config.args
     if config.working_dir:
         body["WorkingDir"] = config.working_dir
+    if config.stdin or config.tty:
+        # As the kubelet's docker integration: stdin kept open for attaches, closed after the
+        # first one ends with StdinOnce; a terminal with Tty.
+        body.update(OpenStdin=config.stdin, StdinOnce=config.stdin_once, Tty=config.tty)
     for key, value in security_fields(config, pids_limit).items():
         if key.startswith("HostConfig."):
             host_config[key.removeprefix("HostConfig.")] = value

@@ -17,7 +17,9 @@ container's `oom_killed`. Podman 4.3's log `tail` corrupts partial lines: logs a
 An exec with its stdio attached (`kubectl exec`) is the engine's exec on a hijacked connection
 (client.py's ExecSession); the engine lets the command run on when that connection closes, so
 closing the stream kills it by the host pid the engine reports, and its end is polled, the API
-having no wait for an exec.
+having no wait for an exec. An attach (`kubectl attach`) is the engine's attach on such a
+connection (`stream=1`: the container's output from then on); closing it detaches, and the
+engine closes the container's stdin then if it was created with StdinOnce.
 """
 
 from __future__ import annotations
@@ -165,6 +167,64 @@ class DockerExecStream:
             await self._kill(self._session.id)
         finally:
             await self._session.close()
+
+
+class DockerAttachStream:
+    """The ExecStream of an attach to a container's own stdio: its end is the container's."""
+
+    def __init__(self, session: ExecSession, name: str, *, stdin: bool, tty: bool) -> None:
+        self._session = session
+        self._name = name
+        self._stdin = stdin
+        self._tty = tty
+        self._stdin_closed = False
+
+    async def write_stdin(self, data: bytes) -> None:
+        if not self._stdin or self._stdin_closed:
+            return  # a container without stdin: the engine drops it too
+        try:
+            await self._session.write(data)
+        except ConnectionError:
+            self._stdin_closed = True
+
+    async def close_stdin(self) -> None:
+        if self._stdin and not self._stdin_closed:
+            self._stdin_closed = True
+            # The engine stops copying; it closes the container's stdin with StdinOnce.
+            self._session.close_write()
+
+    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
+        while (chunk := await self._session.read()) is not None:
+            stream, data = chunk
+            yield (STDERR if stream == 2 and not self._tty else STDOUT), data
+
+    async def resize(self, width: int, height: int) -> None:
+        if not self._tty:
+            return
+        try:
+            await self._session.resize(width, height)
+        except EngineError as e:
+            log.debug("cannot resize the terminal of container %s: %s", self._name, e)
+
+    async def wait(self) -> int | None:
+        """The container's exit code, once the engine says it stopped (polled)."""
+        delay = WAIT_POLL_MIN
+        while True:
+            try:
+                info = await self._session.inspect()
+            except EngineError as e:
+                if e.not_found:
+                    return None
+                raise RuntimeFailure(f"cannot learn how {self._name} ended: {e.message}") from e
+            state = info.get("State") or {}
+            if not state.get("Running"):
+                code = state.get("ExitCode")
+                return code if isinstance(code, int) else None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, WAIT_POLL_MAX)
+
+    async def close(self) -> None:
+        await self._session.close()  # detaches: the container runs on
 
 
 @dataclass(frozen=True)
@@ -428,6 +488,14 @@ class DockerEngine:
         except EngineError as e:
             raise RuntimeFailure(f"cannot run {what}: {e.message}") from e
         return DockerExecStream(session, what, stdin=stdin, tty=tty, kill=self._kill_exec)
+
+    async def attach(self, id: str, name: str, *, stdin: bool, tty: bool) -> ExecStream:
+        """The engine's attach (stream=1, stdout, stderr and, if asked, stdin), hijacked."""
+        try:
+            session = await self._client.attach_session(id, stdin)
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot attach to container {name}: {e.message}") from e
+        return DockerAttachStream(session, name, stdin=stdin, tty=tty)
 
     async def _kill_exec(self, exec_id: str) -> None:
         try:

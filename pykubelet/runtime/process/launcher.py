@@ -11,8 +11,9 @@ CONFIG_FD holds the instructions as JSON (a memfd, read once):
     {"cgroups": [".../cgroup.procs", ...], "mounts": [{"source", "target", "read_only"}],
      "read_only_root": bool, "pods_dir": str|null, "uid": int|null, "gid": int|null,
      "groups": [int]|null, "cwd": str, "argv": [str, ...], "env": {str: str},
-     "home_of_user": bool}
-("home_of_user": HOME becomes the user's home from /etc/passwd, or /, as runc sets it.)
+     "home_of_user": bool, "tty": bool}
+("home_of_user": HOME becomes the user's home from /etc/passwd, or /, as runc sets it. "tty": the
+container's stdin is a terminal, made its controlling terminal first, as below for --exec.)
 In that order, the launcher joins the cgroups (before anything is forked, so nothing escapes
 them), enters a private mount namespace with the binds, drops to the user and execs. Any failure
 before the exec is written to ERROR_FD as one JSON object {"stage", "errno", "message"} and the

@@ -10,7 +10,9 @@ There is no isolation: processes share the host's network, filesystem and users.
 recorded; the command comes from the pod spec. Containers that need cgroups, mounts or another
 user are started through the launcher (spawn.py, launcher.py); limits are cgroups (cgroups.py).
 A command run in a container (exec probes and hooks, `kubectl exec` with its stdio attached:
-execstream.py) sees the machine as the container's main process does, and dies with it.
+execstream.py) sees the machine as the container's main process does, and dies with it. A
+container with `stdin` or `tty` gets a pipe or a terminal the agent keeps for `kubectl attach`
+(attach.py).
 
 This module is the `ProcessRuntime` class: the Runtime protocol over those pieces, the locking
 that orders starts, stops and removals of a pod, and the handling of exits. Exits are watched with
@@ -50,6 +52,7 @@ from pykubelet.runtime.base import (
     dial_local_port,
 )
 from pykubelet.runtime.process import records, statefile
+from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream, log_size
 from pykubelet.runtime.process.cgroups import Cgroups, Settings
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
@@ -65,6 +68,7 @@ from pykubelet.runtime.process.records import (
 )
 from pykubelet.runtime.process.spawn import (
     ExecPlan,
+    Stdio,
     container_env,
     exec_context,
     exec_launched,
@@ -115,6 +119,8 @@ class ProcessRuntime:
         self._loop: asyncio.AbstractEventLoop | None = None
         # The exec streams open in each container (by its id): killed when it exits.
         self._execs: dict[str, set[ProcessExecStream]] = {}
+        # The stdin (or terminal) kept for each container started with one (attach.py).
+        self._stdio: dict[str, ContainerStdio] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -159,6 +165,10 @@ class ProcessRuntime:
         for pod in self._pods.values():
             for rec in pod.containers.values():
                 self._unwatch(rec)
+        # Held in memory only: a container's stdin sees EOF, its terminal hangs up.
+        stdios, self._stdio = list(self._stdio.values()), {}
+        for stdio in stdios:
+            await stdio.close()
         while self._tasks:
             # Exits already seen still reach their state files.
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -250,6 +260,22 @@ class ProcessRuntime:
             raise RuntimeFailure(f"container {container.name} is not running")
         self._execs.setdefault(rec.id, set()).add(stream)
         return stream
+
+    async def attach(self, container: RuntimeContainer, *, stdin: bool, tty: bool) -> ExecStream:
+        """Its log followed from its end, its stdin pipe or terminal (attach.py)."""
+        rec = self._find(container)
+        if rec is None or not rec.running or rec.finishing:
+            raise RuntimeFailure(f"container {container.name} is not running")
+        path = self.log_path(container)
+        offset = await asyncio.to_thread(log_size, path)
+        return ProcessAttachStream(
+            log_path=path,
+            offset=offset,
+            exited=rec.exited,
+            exit_code=lambda: rec.exit_code,
+            stdio=self._stdio.get(rec.id),
+            stdin=stdin,
+        )
 
     async def port_forward(
         self, pod_uid: str, port: int
@@ -429,17 +455,39 @@ class ProcessRuntime:
                     "RunContainerError",
                     f"cannot create the cgroups of container {config.name}: {e}",
                 ) from e
+        stdio: ContainerStdio | None = None
+        child: list[int] = []  # the child's ends of its stdin or terminal, closed once started
         try:
+            spawn_stdio = None
+            if config.stdin or config.tty:
+                try:
+                    stdio, child_in, terminal = ContainerStdio.create(
+                        stdin=config.stdin,
+                        stdin_once=config.stdin_once,
+                        tty=config.tty,
+                        log_path=log_path,
+                    )
+                except OSError as e:
+                    raise RuntimeFailure(
+                        f"cannot make the stdin of container {config.name}: {e}"
+                    ) from e
+                child.append(child_in)
+                spawn_stdio = Stdio(stdin=child_in, terminal=terminal)
             if launch is None:
-                pid, pidfd, start_time = spawn(argv, cwd, env, log_path)
+                pid, pidfd, start_time = spawn(argv, cwd, env, log_path, stdio=spawn_stdio)
             else:
                 launch["cgroups"] = procs
-                pid, pidfd, start_time = await spawn_launched(launch, log_path)
+                pid, pidfd, start_time = await spawn_launched(launch, log_path, spawn_stdio)
         except BaseException:
+            if stdio is not None:
+                await stdio.close()
             if procs:
                 await self._remove_cgroups(pod.uid, container_id)
             await asyncio.to_thread(statefile.remove, starting)
             raise
+        finally:
+            for fd in child:
+                os.close(fd)
         rec = ContainerRecord(
             id=container_id,
             pod_uid=pod.uid,
@@ -459,6 +507,9 @@ class ProcessRuntime:
             launched=launch is not None,
         )
         state.containers[rec.id] = rec
+        if stdio is not None:
+            self._stdio[rec.id] = stdio
+            stdio.start()
         self._watch(rec)
         started = rec.view()
         try:
@@ -617,6 +668,9 @@ class ProcessRuntime:
         self._spawn_task(self._after_exit(rec))
 
     async def _after_exit(self, rec: ContainerRecord) -> None:
+        stdio = self._stdio.pop(rec.id, None)
+        if stdio is not None:
+            await stdio.close()  # what its terminal still held reaches the log first
         try:
             await self._persist(rec)
         except OSError as e:

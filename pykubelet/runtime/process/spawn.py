@@ -66,12 +66,27 @@ def container_env(pod_name: str, env: list[tuple[str, str]]) -> dict[str, str]:
 # --- fork+exec ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Stdio:
+    """A container's stdin other than /dev/null (`stdin: true`), or a terminal's slave that is
+    all three of its stdio (`tty: true`, then its output reaches the log through the agent)."""
+
+    stdin: int | None = None
+    terminal: int | None = None
+
+
 def spawn(
-    argv: list[str], cwd: str, env: dict[str, str], log_path: Path, pass_fds: tuple[int, ...] = ()
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    log_path: Path,
+    pass_fds: tuple[int, ...] = (),
+    stdio: Stdio | None = None,
 ) -> tuple[int, int, int]:
     """fork+exec `argv` in a new session writing to `log_path`: (pid, pidfd, /proc start time)."""
     if not os.path.isdir(cwd):  # Popen would say so too, but naming the file, not the problem
         raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    stdio = stdio or Stdio()
     try:
         statefile.ensure_dir(log_path.parent)
         # The child writes to the file itself: its output does not go through the agent, and
@@ -79,12 +94,18 @@ def spawn(
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise RuntimeFailure(f"cannot open the log file {log_path}: {e}") from e
+    out = log_fd if stdio.terminal is None else stdio.terminal
+    stdin: int = subprocess.DEVNULL
+    if stdio.terminal is not None:
+        stdin = stdio.terminal
+    elif stdio.stdin is not None:
+        stdin = stdio.stdin
     try:
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
+            stdin=stdin,
+            stdout=out,
+            stderr=out,
             cwd=cwd,
             env=env,
             start_new_session=True,  # its own process group, signalled and killed as a whole
@@ -147,7 +168,8 @@ def launch_config(
         or bool(config.supplemental_groups)
     )
     mounts = bool(config.mounts) or config.read_only_root_filesystem
-    if not (identity or mounts or cgroups):
+    # A terminal becomes the controlling terminal in the launcher (Popen has no safe way).
+    if not (identity or mounts or cgroups or config.tty):
         return None
     caps = effective_capabilities()
     if mounts and not caps >> CAP_SYS_ADMIN & 1:
@@ -178,6 +200,7 @@ def launch_config(
         "argv": argv,
         "env": env,
         "home_of_user": not any(name == "HOME" for name, _ in config.env),
+        "tty": config.tty,
     }
 
 
@@ -204,7 +227,9 @@ def _memfd(name: str, data: dict[str, Any]) -> int:
     return fd
 
 
-def _start_launcher(launch: dict[str, Any], log_path: Path) -> tuple[int, int, int, int]:
+def _start_launcher(
+    launch: dict[str, Any], log_path: Path, stdio: Stdio | None
+) -> tuple[int, int, int, int]:
     """fork+exec the launcher: (pid, pidfd, /proc start time, read end of its error pipe).
 
     The instructions go through a memfd (no size limit, nothing on disk, no shell); the error
@@ -219,7 +244,7 @@ def _start_launcher(launch: dict[str, Any], log_path: Path) -> tuple[int, int, i
         # "/" as the launcher's cwd: it enters the container's own after the mounts, and reports
         # a missing one as the container's error.
         pid, pidfd, start_time = spawn(
-            argv, "/", dict(LAUNCHER_ENV), log_path, pass_fds=(config_fd, err_w)
+            argv, "/", dict(LAUNCHER_ENV), log_path, pass_fds=(config_fd, err_w), stdio=stdio
         )
     except BaseException:
         os.close(err_r)
@@ -230,9 +255,11 @@ def _start_launcher(launch: dict[str, Any], log_path: Path) -> tuple[int, int, i
     return pid, pidfd, start_time, err_r
 
 
-async def spawn_launched(launch: dict[str, Any], log_path: Path) -> tuple[int, int, int]:
+async def spawn_launched(
+    launch: dict[str, Any], log_path: Path, stdio: Stdio | None = None
+) -> tuple[int, int, int]:
     """As `spawn`, through the launcher following `launch`: returns once it exec'd."""
-    pid, pidfd, start_time, err_r = _start_launcher(launch, log_path)
+    pid, pidfd, start_time, err_r = _start_launcher(launch, log_path, stdio)
     try:
         async with asyncio.timeout(LAUNCH_TIMEOUT):
             report = await _read_until_eof(err_r)

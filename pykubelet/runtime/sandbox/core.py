@@ -385,6 +385,11 @@ class SandboxRuntime(Generic[R]):
             container.id, container.name, command, stdin=stdin, tty=tty
         )
 
+    async def attach(self, container: RuntimeContainer, *, stdin: bool, tty: bool) -> ExecStream:
+        """Through the engine's own attach."""
+        self._check_running(container)
+        return await self._engine.attach(container.id, container.name, stdin=stdin, tty=tty)
+
     async def port_forward(
         self, pod_uid: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

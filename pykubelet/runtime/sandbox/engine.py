@@ -233,6 +233,11 @@ class Engine(Inspector, Protocol[R]):
         cannot do that (saying why)."""
         ...
 
+    async def attach(self, id: str, name: str, *, stdin: bool, tty: bool) -> ExecStream:
+        """Attach to the running container's own stdio (its output from now on; its stdin if it
+        was created with one); RuntimeFailure if the engine cannot (saying why)."""
+        ...
+
     async def sandbox_netns(self, id: str) -> str:
         """The path of the running sandbox's network namespace (/proc/<its pid>/ns/net, or
         the namespace file the engine keeps); RuntimeFailure if it does not run or the

@@ -1,4 +1,5 @@
-"""`kubectl exec` on the kubelet API: the remote-command protocol, whatever carries it.
+"""`kubectl exec` and `kubectl attach` on the kubelet API: the remote-command protocol, whatever
+carries it.
 
 The request (`/exec/{namespace}/{pod}/[{uid}/]{container}`, GET or POST) names the command
 (`command`, repeated) and the streams the client wants, as the API server forwards them:
@@ -11,6 +12,12 @@ stdin goes to the command, its stdout and stderr come back on their own streams,
 end the error stream carries the outcome: from `v4.channel.k8s.io` on a v1 Status (Success, or
 Failure with reason `NonZeroExitCode` and the exit code as the `ExitCode` cause, which kubectl
 turns into its own exit code); before v4 the error text alone, nothing on success.
+
+An attach (`/attach/{namespace}/{pod}/[{uid}/]{container}`, the same streams, no command) is the
+same session over the container's own stdio: it ends when the container exits (Success, as the
+kubelet reports it, whatever the exit code) or when the client goes, which detaches and leaves
+the container running. A session whose client has gone ends either way: an exec's command is
+killed then, as the kubelet's stream copy ends.
 """
 
 from __future__ import annotations
@@ -71,6 +78,11 @@ def exec_options(command: Sequence[str], query: Mapping[str, str]) -> ExecOption
     return opts
 
 
+def attach_options(query: Mapping[str, str]) -> ExecOptions:
+    """The options of an attach request (the streams of an exec, no command)."""
+    return exec_options(["attach"], query)
+
+
 def success_status() -> Obj:
     return {"metadata": {}, "status": "Success"}
 
@@ -123,27 +135,18 @@ class Channels(Protocol):
     async def finish(self, status: Obj) -> None:
         """End the session with this outcome (how depends on the protocol version)."""
 
+    async def wait_gone(self) -> None:
+        """Return once the client's connection is gone."""
+
 
 async def serve_exec(channels: Channels, process: ExecStream, opts: ExecOptions) -> int | None:
-    """Run the session until the command has exited and its output was sent; returns the
-    exit code. The process is closed (killed if still running) when the session ends."""
-    tasks: list[asyncio.Task[None]] = []
-    code: int | None = None
+    """Run the session until the command has exited and its output was sent (or the client
+    went); returns the exit code. The process is closed (killed if still running) when the
+    session ends."""
     try:
-        if opts.stdin:
-            tasks.append(asyncio.create_task(_pump_stdin(channels, process)))
-        if opts.tty:
-            tasks.append(asyncio.create_task(_pump_resizes(channels, process)))
-        async for stream, data in process.output():
-            if stream == STDERR and opts.stderr:
-                await channels.write(STDERR, data)
-            elif opts.stdout:
-                await channels.write(STDOUT, data)
+        await _copy(channels, process, opts)
         code = await process.wait()
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         await process.close()
     if code == 0:
         await channels.finish(success_status())
@@ -152,6 +155,46 @@ async def serve_exec(channels: Channels, process: ExecStream, opts: ExecOptions)
     else:
         await channels.finish(exit_status(code, opts.command))
     return code
+
+
+async def serve_attach(channels: Channels, stream: ExecStream, opts: ExecOptions) -> None:
+    """Run an attach until the container's output ends (it exited) or the client goes; then
+    detach (the stream is closed, the container runs on) and report Success."""
+    try:
+        await _copy(channels, stream, opts)
+    finally:
+        await stream.close()
+    await channels.finish(success_status())
+
+
+async def _copy(channels: Channels, process: ExecStream, opts: ExecOptions) -> None:
+    """Copy stdin, resizes and output until the output ends; ConnectionResetError if the client
+    went first (the caller closes the process)."""
+    tasks = [asyncio.create_task(channels.wait_gone())]
+    if opts.stdin:
+        tasks.append(asyncio.create_task(_pump_stdin(channels, process)))
+    if opts.tty:
+        tasks.append(asyncio.create_task(_pump_resizes(channels, process)))
+    copy = asyncio.create_task(_copy_output(channels, process, opts))
+    try:
+        await asyncio.wait({copy, tasks[0]}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (*tasks, copy):
+            task.cancel()
+        results = await asyncio.gather(copy, *tasks, return_exceptions=True)
+    if not copy.cancelled() and copy.exception() is None:
+        return
+    if isinstance(results[0], BaseException) and not isinstance(results[0], asyncio.CancelledError):
+        raise results[0]
+    raise ConnectionResetError("the client went away")
+
+
+async def _copy_output(channels: Channels, process: ExecStream, opts: ExecOptions) -> None:
+    async for stream, data in process.output():
+        if stream == STDERR and opts.stderr:
+            await channels.write(STDERR, data)
+        elif opts.stdout:
+            await channels.write(STDOUT, data)
 
 
 async def _pump_stdin(channels: Channels, process: ExecStream) -> None:

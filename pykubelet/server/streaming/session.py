@@ -1,7 +1,8 @@
-"""One streaming request of the kubelet API, from the upgrade to the end of the session: the
-transport is chosen by the request (`Upgrade: websocket` or `Upgrade: SPDY/3.1`), the protocol
-version is negotiated, the command is started in the container, and `remotecommand.serve_exec`
-runs the session.
+"""One streaming request of the kubelet API (exec or attach), from the upgrade to the end of the
+session: the transport is chosen by the request (`Upgrade: websocket` or `Upgrade: SPDY/3.1`),
+the protocol version is negotiated, the command is started in the container (or the container's
+own stdio attached), and `remotecommand.serve_exec` (`serve_attach`) runs the session. Both verbs
+go through `serve_stream`: they differ only in what is started and how the session ends.
 
 SPDY, as the API server speaks it to kubelets: the client offers versions in
 `X-Stream-Protocol-Version` headers (none: `channel.k8s.io`), the newest both speak is chosen
@@ -9,8 +10,9 @@ SPDY, as the API server speaks it to kubelets: the client offers versions in
 `streamType` (error always; stdin, stdout, stderr as asked; resize with a terminal from v3),
 each within 30 s of the upgrade (the kubelet's stream creation timeout).
 
-A command that cannot start (the container stopped meanwhile, a program that is not there) ends
-the session with an InternalError Status on the error stream, as the kubelet's exec does.
+A command that cannot start (the container stopped meanwhile, a program that is not there), or an
+attach the runtime cannot make, ends the session with an InternalError Status on the error
+stream, as the kubelet's exec and attach do.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
 
 from aiohttp import web
 
-from pykubelet.runtime.base import STDERR, STDOUT, Runtime, RuntimeContainer, RuntimeFailure
+from pykubelet.runtime.base import STDERR, STDOUT, ExecStream, RuntimeContainer, RuntimeFailure
 from pykubelet.server.errors import status_response
 from pykubelet.server.streaming.hijack import upgrade_to_spdy
 from pykubelet.server.streaming.remotecommand import (
@@ -36,6 +38,7 @@ from pykubelet.server.streaming.remotecommand import (
     ExecOptions,
     ResizeDecoder,
     error_status,
+    serve_attach,
     serve_exec,
     status_text,
 )
@@ -51,30 +54,35 @@ STREAM_CREATION_TIMEOUT = 30.0
 IDLE_TIMEOUT = 4 * 3600.0
 PROTOCOL_HEADER = "X-Stream-Protocol-Version"
 
+Verb = Literal["exec", "attach"]
+# What the session runs: the command started, or the container's stdio attached.
+Start = Callable[[], Awaitable[ExecStream]]
+
 
 async def serve_stream(
     request: web.Request,
-    runtime: Runtime,
+    verb: Verb,
     container: RuntimeContainer,
-    env: list[tuple[str, str]],
+    start: Start,
     opts: ExecOptions,
 ) -> web.StreamResponse:
     if is_websocket(request):
         ws = await WebSocketChannels.open(request, opts)
         log.info(
-            "exec in container %s of pod %s/%s over WebSocket (%s)",
+            "%s in container %s of pod %s/%s over WebSocket (%s)",
+            verb,
             container.name,
             container.pod_namespace,
             container.pod_name,
             ws.response.ws_protocol or "channel.k8s.io",
         )
-        await _run(ws, runtime, container, env, opts)
+        await _run(ws, verb, container, start, opts)
         return ws.response
     if request.headers.get("Upgrade", "").lower() != "spdy/3.1":
         return status_response(
             400,
             "BadRequest",
-            "exec needs a streaming upgrade: Upgrade: websocket or Upgrade: SPDY/3.1",
+            f"{verb} needs a streaming upgrade: Upgrade: websocket or Upgrade: SPDY/3.1",
         )
     offered = [
         v.strip()
@@ -93,7 +101,8 @@ async def serve_stream(
     headers = {PROTOCOL_HEADER: protocol} if offered else {}
     session = await upgrade_to_spdy(request, headers, IDLE_TIMEOUT)
     log.info(
-        "exec in container %s of pod %s/%s over SPDY/3.1 (%s)",
+        "%s in container %s of pod %s/%s over SPDY/3.1 (%s)",
+        verb,
         container.name,
         container.pod_namespace,
         container.pod_name,
@@ -102,11 +111,11 @@ async def serve_stream(
     try:
         channels = await SpdyChannels.accept(session, opts, protocol)
     except TimeoutError:
-        log.warning("exec: the client did not open its streams in %gs", STREAM_CREATION_TIMEOUT)
+        log.warning("%s: the client did not open its streams in %gs", verb, STREAM_CREATION_TIMEOUT)
         await session.close()
         return web.Response(status=101)
     try:
-        await _run(channels, runtime, container, env, opts)
+        await _run(channels, verb, container, start, opts)
     finally:
         await session.close()
     return web.Response(status=101)
@@ -114,31 +123,39 @@ async def serve_stream(
 
 async def _run(
     channels: WebSocketChannels | SpdyChannels,
-    runtime: Runtime,
+    verb: Verb,
     container: RuntimeContainer,
-    env: list[tuple[str, str]],
+    start: Start,
     opts: ExecOptions,
 ) -> None:
+    # The kubelet's words for each.
+    failed = (
+        "error executing command in container"
+        if verb == "exec"
+        else ("error attaching to container")
+    )
     try:
-        process = await runtime.exec_stream(
-            container, opts.command, env, stdin=opts.stdin, tty=opts.tty
-        )
+        process = await start()
     except RuntimeFailure as exc:
-        await channels.finish(error_status(f"error executing command in container: {exc}"))
+        await channels.finish(error_status(f"{failed}: {exc}"))
         return
     try:
-        await serve_exec(channels, process, opts)
+        if verb == "exec":
+            await serve_exec(channels, process, opts)
+        else:
+            await serve_attach(channels, process, opts)
     except RuntimeFailure as exc:
         # The engine went away in the middle (its connection, a CRI call that failed).
-        await channels.finish(error_status(f"error executing command in container: {exc}"))
+        await channels.finish(error_status(f"{failed}: {exc}"))
     except (ConnectionError, asyncio.IncompleteReadError) as exc:
-        log.info("exec in container %s ended with the client gone: %s", container.name, exc)
+        log.info("%s in container %s ended with the client gone: %s", verb, container.name, exc)
 
 
 class SpdyChannels:
     """The remote-command streams the client opened on a SPDY session."""
 
-    def __init__(self, streams: dict[str, SpdyStream], protocol: str) -> None:
+    def __init__(self, session: SpdySession, streams: dict[str, SpdyStream], protocol: str) -> None:
+        self._session = session
         self._streams = streams
         self._protocol = protocol
 
@@ -165,7 +182,7 @@ class SpdyChannels:
                     streams[kind] = stream
                 else:
                     log.info("exec: ignored a stream of unknown type %r", kind)
-        return cls(streams, protocol)
+        return cls(session, streams, protocol)
 
     async def read_stdin(self) -> bytes:
         stream = self._streams.get("stdin")
@@ -184,6 +201,9 @@ class SpdyChannels:
         while data := await stream.read():
             for size in decoder.feed(data):
                 yield size
+
+    async def wait_gone(self) -> None:
+        await self._session.wait_closed()
 
     async def finish(self, status: Obj) -> None:
         error = self._streams["error"]

@@ -119,6 +119,10 @@ class WebSocketChannels:
         while (size := await self._sizes.get()) is not None:
             yield size
 
+    async def wait_gone(self) -> None:
+        if self._reader is not None:
+            await asyncio.shield(self._reader)  # ends when the client's WebSocket closes
+
     async def finish(self, status: Obj) -> None:
         if self._protocol in (V4, V5, BASE64_V4):
             await self._send(ERROR_CHANNEL, json.dumps(status).encode())
