@@ -24,6 +24,7 @@ import pytest
 
 from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import Agent, Backend, wait_for
+from tests.integration.kubelet_node import start_kubelet_node
 from tests.integration.test_cluster import KubeClient, running_in_api
 from tests.integration.test_kubelet_api import KUBECTL, NODE, PROTOCOLS, apiserver, kubectl
 
@@ -35,29 +36,7 @@ Obj = dict[str, Any]
 def start_node(
     apiserver: ApiServer, start_agent: Callable[..., Agent], tmp_path: Path, *flags: str
 ) -> tuple[KubeClient, Path]:
-    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    start_agent(
-        *flags,
-        "--kubeconfig",
-        str(kubeconfig),
-        "--node-name",
-        NODE,
-        "--node-ip",
-        "127.0.0.1",
-        "--client-ca-file",
-        str(apiserver.kubelet_client_ca),
-        "--authentication-token-webhook",
-        "--authorization-mode",
-        "Webhook",
-    )
-    client = KubeClient(kubeconfig)
-    wait_for(
-        "the node advertising its kubelet port",
-        lambda: (
-            (n := client.node(NODE))
-            and n["status"].get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port")
-        ),
-    )
+    _, client, kubeconfig = start_kubelet_node(apiserver, start_agent, tmp_path, NODE, *flags)
     return client, kubeconfig
 
 

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import Agent, wait_for
+from tests.integration.kubelet_node import https_apiserver, start_kubelet_node
 from tests.integration.test_cluster import KubeClient, running_in_api
 from tests.integration.test_kubelet_api import call, kubectl
 
@@ -54,39 +55,14 @@ while True:
 
 @pytest.fixture
 def metrics_apiserver() -> Iterator[ApiServer]:
-    server = ApiServer(bookmark_interval=0.5, tls=True)  # HTTPS: kubectl sends its token
-    server.start()
-    yield server
-    server.close()
+    yield from https_apiserver()
 
 
 @pytest.fixture
 def top_node(
     metrics_apiserver: ApiServer, start_agent: Callable[..., Agent], tmp_path: Path
 ) -> tuple[Agent, KubeClient, Path]:
-    kubeconfig = metrics_apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    agent = start_agent(
-        "--kubeconfig",
-        str(kubeconfig),
-        "--node-name",
-        NODE,
-        "--node-ip",
-        "127.0.0.1",
-        "--client-ca-file",
-        str(metrics_apiserver.kubelet_client_ca),
-        "--authentication-token-webhook",
-        "--authorization-mode",
-        "Webhook",
-    )
-    client = KubeClient(kubeconfig)
-    wait_for(
-        "the node advertising its kubelet port",
-        lambda: (
-            (n := client.node(NODE))
-            and n["status"].get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port")
-        ),
-    )
-    return agent, client, kubeconfig
+    return start_kubelet_node(metrics_apiserver, start_agent, tmp_path, NODE)
 
 
 def hog_pod() -> Obj:

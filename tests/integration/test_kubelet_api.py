@@ -30,6 +30,7 @@ import pytest
 from tests.fixtures.apiserver import ApiServer
 from tests.fixtures.apiserver.pki import make_ca, make_client_cert, write_pem
 from tests.integration.agent import Agent, wait_for
+from tests.integration.kubelet_node import https_apiserver, start_kubelet_node
 from tests.integration.test_cluster import KubeClient, pod_body, running_in_api
 
 Obj = dict[str, Any]
@@ -39,40 +40,14 @@ KUBECTL = shutil.which("kubectl")
 
 @pytest.fixture
 def apiserver() -> Iterator[ApiServer]:
-    # HTTPS, as a real API server: kubectl sends no token over plain http.
-    server = ApiServer(bookmark_interval=0.5, tls=True)
-    server.start()
-    yield server
-    server.close()
+    yield from https_apiserver()
 
 
 @pytest.fixture
 def node(
     apiserver: ApiServer, start_agent: Callable[..., Agent], tmp_path: Path
 ) -> tuple[Agent, KubeClient, Path]:
-    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    agent = start_agent(
-        "--kubeconfig",
-        str(kubeconfig),
-        "--node-name",
-        NODE,
-        "--node-ip",
-        "127.0.0.1",
-        "--client-ca-file",
-        str(apiserver.kubelet_client_ca),
-        "--authentication-token-webhook",
-        "--authorization-mode",
-        "Webhook",
-    )
-    client = KubeClient(kubeconfig)
-    wait_for(
-        "the node advertising its kubelet port",
-        lambda: (
-            (n := client.node(NODE))
-            and n["status"].get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port")
-        ),
-    )
-    return agent, client, kubeconfig
+    return start_kubelet_node(apiserver, start_agent, tmp_path, NODE)
 
 
 def kubectl(kubeconfig: Path, *args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:

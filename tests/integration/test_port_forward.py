@@ -31,6 +31,7 @@ import pytest
 from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
 from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import Agent, Backend, wait_for
+from tests.integration.kubelet_node import https_apiserver, start_kubelet_node
 from tests.integration.test_cluster import KubeClient, running_in_api
 from tests.integration.test_kubelet_api import KUBECTL, NODE, call, status_of
 
@@ -40,43 +41,15 @@ PROTOCOLS = pytest.mark.parametrize("websockets", ["true", "false"], ids=["webso
 
 @pytest.fixture
 def apiserver() -> Iterator[ApiServer]:
-    # HTTPS, as a real API server: kubectl sends no token over plain http.
-    server = ApiServer(bookmark_interval=0.5, tls=True)
-    server.start()
-    yield server
-    server.close()
+    yield from https_apiserver()
 
 
 @pytest.fixture
 def node(
     apiserver: ApiServer, backend: Backend, start_agent: Callable[..., Agent], tmp_path: Path
 ) -> tuple[Agent, KubeClient, Path]:
-    """The agent in cluster mode as kubeadm sets a kubelet up (test_kubelet_api.py's), on
-    each runtime."""
-    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-    agent = start_agent(
-        *backend.flags,
-        "--kubeconfig",
-        str(kubeconfig),
-        "--node-name",
-        NODE,
-        "--node-ip",
-        "127.0.0.1",
-        "--client-ca-file",
-        str(apiserver.kubelet_client_ca),
-        "--authentication-token-webhook",
-        "--authorization-mode",
-        "Webhook",
-    )
-    client = KubeClient(kubeconfig)
-    wait_for(
-        "the node advertising its kubelet port",
-        lambda: (
-            (n := client.node(NODE))
-            and n["status"].get("daemonEndpoints", {}).get("kubeletEndpoint", {}).get("Port")
-        ),
-    )
-    return agent, client, kubeconfig
+    """The kubeadm-like node of kubelet_node.py, on each runtime."""
+    return start_kubelet_node(apiserver, start_agent, tmp_path, NODE, *backend.flags)
 
 
 # Each line back as it came (`cat`), or in capitals (`tr a-z A-Z`), per connection, until the
