@@ -45,10 +45,11 @@ integration: $(STAMP)
 test-env:
 	@scripts/install-debian-packages $(TEST_PACKAGES)
 
-# Two workers, a module each at a time: the integration tests mostly wait on processes and
-# engines, so two run in about half the time on two cores.
+# Two workers: the integration tests mostly wait on processes and engines, so two run in about
+# half the time on two cores. The tests of each private engine stay on one worker (loadgroup,
+# tests/conftest.py).
 test: lint test-env
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile -m 'not soak' tests
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not soak' tests
 
 # The long variants of the fault tests (10,000 manifests, 60 SIGKILLs during churn): not in CI.
 soak: $(STAMP) test-env

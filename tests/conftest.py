@@ -95,3 +95,16 @@ def podman_endpoint() -> Iterator[str]:
         f"(or point {DOCKER_ENDPOINT_VARIABLE} at a running engine)",
     ) as (endpoint, _):
         yield endpoint
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`, `--dist loadgroup`) every test that needs the private
+    Podman runs on one worker, and every one that needs containerd on one worker: each engine is
+    started once, and two private Podmans (whose default bridge network is the machine's one
+    10.88.0.0/16) never run on the machine at once."""
+    for item in items:
+        needs = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("docker") or needs & {"podman_endpoint", "container_engine"}:
+            item.add_marker(pytest.mark.xdist_group("podman"))
+        elif item.get_closest_marker("cri") or "containerd" in needs:
+            item.add_marker(pytest.mark.xdist_group("containerd"))
