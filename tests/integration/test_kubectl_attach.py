@@ -26,7 +26,14 @@ from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import Agent, Backend, wait_for
 from tests.integration.kubelet_node import start_kubelet_node
 from tests.integration.test_cluster import KubeClient, running_in_api
-from tests.integration.test_kubelet_api import KUBECTL, NODE, PROTOCOLS, apiserver, kubectl
+from tests.integration.test_kubelet_api import (
+    KUBECTL,
+    NODE,
+    PROTOCOLS,
+    apiserver,
+    kubectl,
+    kubectl_stream,
+)
 
 __all__ = ["apiserver"]  # the fixture, shared with test_kubelet_api
 
@@ -74,20 +81,7 @@ def stdio_pod(client: KubeClient, name: str, script: str, **stdio: bool) -> None
 def attach(
     kubeconfig: Path, websockets: str, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    assert KUBECTL is not None, "kubectl is not installed (the machine image ships 1.32)"
-    return subprocess.run(
-        [KUBECTL, "--kubeconfig", str(kubeconfig), "attach", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        input=stdin,
-        stdin=None if stdin is not None else subprocess.DEVNULL,
-        env={
-            **os.environ,
-            "HOME": str(kubeconfig.parent),
-            "KUBECTL_REMOTE_COMMAND_WEBSOCKETS": websockets,
-        },
-    )
+    return kubectl_stream(kubeconfig, websockets, "attach", *args, stdin=stdin)
 
 
 # Reads lines until its stdin closes, then says so and exits: the attach ends with it.

@@ -258,9 +258,16 @@ PROTOCOLS = pytest.mark.parametrize("websockets", ["true", "false"], ids=["webso
 def kubectl_exec(
     kubeconfig: Path, websockets: str, *args: str, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
+    return kubectl_stream(kubeconfig, websockets, "exec", *args, stdin=stdin)
+
+
+def kubectl_stream(
+    kubeconfig: Path, websockets: str, verb: str, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl exec` or `kubectl attach` over WebSocket (websockets "true") or SPDY."""
     assert KUBECTL is not None, "kubectl is not installed (the machine image ships 1.32)"
     return subprocess.run(
-        [KUBECTL, "--kubeconfig", str(kubeconfig), "exec", *args],
+        [KUBECTL, "--kubeconfig", str(kubeconfig), verb, *args],
         capture_output=True,
         text=True,
         timeout=30,
