@@ -107,7 +107,7 @@ class NodeFeatures:
                     return AdmitResult(
                         False,
                         "PrivilegedNotAllowed",
-                        f"Pod was rejected: spec.{kind}[{i}].securityContext.privileged: "
+                        f"spec.{kind}[{i}].securityContext.privileged: "
                         "privileged containers are not allowed on this node "
                         "(pykubelet --allow-privileged)",
                     )
@@ -119,7 +119,7 @@ class NodeFeatures:
                 return AdmitResult(
                     False,
                     "HostPathNotAllowed",
-                    f"Pod was rejected: spec.volumes[{i}].hostPath.path: "
+                    f"spec.volumes[{i}].hostPath.path: "
                     f"{volume.host_path.path} is not below --allowed-host-paths ({where})",
                 )
         return ADMIT
@@ -138,7 +138,7 @@ class ResourceFit:
             return AdmitResult(
                 False,
                 "OutOfpods",
-                "Pod was rejected: Node didn't have enough resource: pods, "
+                "Node didn't have enough resource: pods, "
                 f"requested: 1, used: {usage.pods}, capacity: {self._max_pods}",
             )
         for name in RESOURCES:
@@ -149,7 +149,7 @@ class ResourceFit:
                 return AdmitResult(
                     False,
                     f"OutOf{name}",
-                    f"Pod was rejected: Node didn't have enough resource: {name}, "
+                    f"Node didn't have enough resource: {name}, "
                     f"requested: {asked}, used: {used}, capacity: {allocatable}",
                 )
         return ADMIT

@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import TypeVar
 
 from pykubelet.api.model import Pod, PodStatus
+from pykubelet.api.qos import qos_class
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.common.machine import MachineFacts
@@ -315,7 +316,16 @@ class Kubelet:
 
     def _reject(self, pod: Pod, reason: str, message: str) -> None:
         self._rejected.add(pod.uid)
-        self.statuses.set(pod.uid, PodStatus(phase="Failed", reason=reason, message=message))
+        # The kubelet's rejectPod: the event says why, the status says it was a rejection.
+        self.statuses.set(
+            pod.uid,
+            PodStatus(
+                phase="Failed",
+                reason=reason,
+                message=f"Pod was rejected: {message}",
+                qos_class=qos_class(pod),
+            ),
+        )
         self.recorder.record(
             "Warning",
             reason,

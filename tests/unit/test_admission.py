@@ -95,7 +95,7 @@ def test_node_features_refuse_privileged_containers_unless_allowed() -> None:
         assert result == AdmitResult(
             False,
             "PrivilegedNotAllowed",
-            f"Pod was rejected: spec.{kind}[{index}].securityContext.privileged: privileged "
+            f"spec.{kind}[{index}].securityContext.privileged: privileged "
             "containers are not allowed on this node (pykubelet --allow-privileged)",
         )
     assert refuse.admit(special(), {}, NodeUsage()).admit
@@ -114,7 +114,7 @@ def test_node_features_allow_host_paths_below_the_allowed_ones_only() -> None:
         result = features.admit(special(host_paths=("/srv/data", bad)), {}, NodeUsage())
         assert (result.admit, result.reason) == (False, "HostPathNotAllowed"), bad
         assert result.message == (
-            f"Pod was rejected: spec.volumes[1].hostPath.path: {bad} is not below "
+            f"spec.volumes[1].hostPath.path: {bad} is not below "
             "--allowed-host-paths (/srv/data, /var/log/)"
         )
     none = NodeFeatures(False, []).admit(special(host_paths=("/tmp",)), {}, NodeUsage())
@@ -131,8 +131,7 @@ def test_resource_fit_counts_pods_first_then_cpu_memory_storage_in_that_order() 
     assert fit.admit(p, {"cpu": 1}, usage(3)) == AdmitResult(
         False,
         "OutOfpods",
-        "Pod was rejected: Node didn't have enough resource: pods, requested: 1, used: 3, "
-        "capacity: 3",
+        "Node didn't have enough resource: pods, requested: 1, used: 3, capacity: 3",
     )
     over_all = {"cpu": 2001, "memory": 4 * GIB + 1, "ephemeral-storage": 10 * GIB + 1}
     assert fit.admit(p, over_all, usage(1)).reason == "OutOfcpu"
@@ -141,7 +140,7 @@ def test_resource_fit_counts_pods_first_then_cpu_memory_storage_in_that_order() 
     assert result == AdmitResult(
         False,
         "OutOfephemeral-storage",
-        "Pod was rejected: Node didn't have enough resource: ephemeral-storage, requested: "
+        "Node didn't have enough resource: ephemeral-storage, requested: "
         f"{2 * GIB}, used: {9 * GIB}, capacity: {10 * GIB}",
     )
 
@@ -172,7 +171,7 @@ def test_resource_fit_admits_exactly_what_fits(
     assert result.admit == fits
     if not fits:
         assert result.reason.startswith("OutOf") and result.message.startswith(
-            "Pod was rejected: Node didn't have enough resource: "
+            "Node didn't have enough resource: "
         )
     assert current == NodeUsage(pods=pods, resources=used)  # admission does not count it
 

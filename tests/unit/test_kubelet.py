@@ -361,8 +361,11 @@ async def test_max_pods_rejects_the_newest_pods_of_a_batch(make_node: NodeFactor
         "capacity: 2"
     )
     assert rejection(node, c) == ("Failed", "OutOfpods", message)
+    status = node.status(c)
+    assert status is not None and status.qos_class == "BestEffort"
+    # The kubelet's rejectPod: the event carries the admission handler's message alone.
     (event,) = node.events(c, "OutOfpods")
-    assert event.type == "Warning" and event.message == message
+    assert event.type == "Warning" and event.message == message.removeprefix("Pod was rejected: ")
     assert not node.runtime.ops(pod_uid=c.uid)  # never reached the runtime
 
 
