@@ -25,16 +25,16 @@ KNOWN_UNSUPPORTED = frozenset(
         "hostIPC", "imagePullSecrets", "readinessGates", "runtimeClassName",
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
         "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
-        "ephemeralContainers", "setHostnameAsFQDN", "automountServiceAccountToken", "hostUsers",
+        "ephemeralContainers", "setHostnameAsFQDN", "hostUsers",
         # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
         # readOnlyRootFilesystem/privileged
         "capabilities", "seLinuxOptions", "seccompProfile", "appArmorProfile", "procMount",
         "windowsOptions", "allowPrivilegeEscalation", "fsGroup", "fsGroupChangePolicy", "sysctls",
         "supplementalGroupsPolicy", "seLinuxChangePolicy",
         # volumeMounts fields and volume types beyond emptyDir, hostPath, configMap, secret,
-        # downwardAPI
+        # downwardAPI, projected
         "mountPropagation", "subPathExpr", "recursiveReadOnly", "persistentVolumeClaim",
-        "projected", "nfs", "csi", "ephemeral", "image", "gitRepo", "iscsi", "rbd", "cephfs",
+        "nfs", "csi", "ephemeral", "image", "gitRepo", "iscsi", "rbd", "cephfs",
         "glusterfs", "fc", "azureDisk", "azureFile", "awsElasticBlockStore",
         "gcePersistentDisk", "vsphereVolume", "portworxVolume", "scaleIO", "storageos",
         "quobyte", "flocker", "flexVolume", "cinder", "photonPersistentDisk",

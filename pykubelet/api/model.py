@@ -294,6 +294,56 @@ class DownwardAPIVolumeSource(ApiModel):
     default_mode: int | None = None
 
 
+class ConfigMapProjection(ApiModel):
+    name: str = ""
+    items: list[KeyToPath] | None = None
+    optional: bool | None = None
+
+
+class SecretProjection(ApiModel):
+    name: str = ""
+    items: list[KeyToPath] | None = None
+    optional: bool | None = None
+
+
+class DownwardAPIProjection(ApiModel):
+    items: list[DownwardAPIVolumeFile] = Field(default_factory=list)
+
+
+class ServiceAccountTokenProjection(ApiModel):
+    audience: str | None = None
+    expiration_seconds: int | None = None  # the API's default: 3600
+    path: str
+
+
+class ClusterTrustBundleProjection(ApiModel):
+    # Accepted to be refused by validation with its reason, not as an unknown field.
+    model_config = ConfigDict(extra="allow")
+
+
+class VolumeProjection(ApiModel):
+    config_map: ConfigMapProjection | None = None
+    secret: SecretProjection | None = None
+    downward_api: DownwardAPIProjection | None = Field(default=None, alias="downwardAPI")
+    service_account_token: ServiceAccountTokenProjection | None = None
+    cluster_trust_bundle: ClusterTrustBundleProjection | None = None
+
+    def sources(self) -> list[ApiModel]:
+        found = (
+            self.config_map,
+            self.secret,
+            self.downward_api,
+            self.service_account_token,
+            self.cluster_trust_bundle,
+        )
+        return [s for s in found if s is not None]
+
+
+class ProjectedVolumeSource(ApiModel):
+    sources: list[VolumeProjection] = Field(default_factory=list)
+    default_mode: int | None = None
+
+
 class Volume(ApiModel):
     name: str
     empty_dir: EmptyDirVolumeSource | None = None
@@ -301,9 +351,17 @@ class Volume(ApiModel):
     config_map: ConfigMapVolumeSource | None = None
     secret: SecretVolumeSource | None = None
     downward_api: DownwardAPIVolumeSource | None = Field(default=None, alias="downwardAPI")
+    projected: ProjectedVolumeSource | None = None
 
     def sources(self) -> list[ApiModel]:
-        found = (self.empty_dir, self.host_path, self.config_map, self.secret, self.downward_api)
+        found = (
+            self.empty_dir,
+            self.host_path,
+            self.config_map,
+            self.secret,
+            self.downward_api,
+            self.projected,
+        )
         return [s for s in found if s is not None]
 
 
@@ -319,6 +377,9 @@ class PodSpec(ApiModel):
     scheduler_name: str | None = None
     service_account_name: str | None = None
     service_account: str | None = None
+    # The API server's ServiceAccount admission reads it (whether to add the token volume); the
+    # kubelet mounts what the spec holds either way.
+    automount_service_account_token: bool | None = None
     priority: int | None = None
     priority_class_name: str | None = None
     enable_service_links: bool | None = None

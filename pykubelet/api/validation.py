@@ -15,6 +15,7 @@ from pykubelet.api.model import (
     KeyToPath,
     Pod,
     PodSecurityContext,
+    ProjectedVolumeSource,
     ResourceFieldSelector,
     SecurityContext,
     Volume,
@@ -306,7 +307,8 @@ def _validate_volumes(volumes: list[Volume], pod: Pod) -> list[FieldError]:
             errors.append(
                 FieldError(
                     where,
-                    "must have exactly one of emptyDir, hostPath, configMap, secret, downwardAPI",
+                    "must have exactly one of emptyDir, hostPath, configMap, secret, downwardAPI, "
+                    "projected",
                 )
             )
         if volume.empty_dir is not None and volume.empty_dir.size_limit is not None:
@@ -332,6 +334,78 @@ def _validate_volumes(volumes: list[Volume], pod: Pod) -> list[FieldError]:
             errors.extend(_validate_downward_api(volume.downward_api.items, where, pod))
             errors.extend(
                 _mode_errors(volume.downward_api.default_mode, f"{where}.downwardAPI.defaultMode")
+            )
+        if volume.projected is not None:
+            errors.extend(_validate_projected(volume.projected, f"{where}.projected", pod))
+    return errors
+
+
+# The API server's bounds on a projected token's requested life.
+MIN_TOKEN_SECONDS = 600
+MAX_TOKEN_SECONDS = 1 << 32
+
+
+def _validate_projected(projected: ProjectedVolumeSource, where: str, pod: Pod) -> list[FieldError]:
+    """As the API server's validateProjectedVolumeSource: one source per projection, each
+    source's own rules, and no path written by two of them."""
+    errors = _mode_errors(projected.default_mode, f"{where}.defaultMode")
+    paths: set[str] = set()
+
+    def claim(path: str, at: str) -> None:
+        if path in paths:
+            errors.append(FieldError(at, f"conflicting duplicate paths {path!r}"))
+        paths.add(path)
+
+    for j, source in enumerate(projected.sources):
+        at = f"{where}.sources[{j}]"
+        if len(source.sources()) != 1:
+            errors.append(
+                FieldError(
+                    at,
+                    "must have exactly one of configMap, secret, downwardAPI, "
+                    "serviceAccountToken, clusterTrustBundle",
+                )
+            )
+        for kind, named in (("configMap", source.config_map), ("secret", source.secret)):
+            if named is None:
+                continue
+            if err := dns_subdomain_error(named.name):
+                errors.append(FieldError(f"{at}.{kind}.name", err))
+            errors.extend(_validate_items(named.items, f"{at}.{kind}.items"))
+            for k, item in enumerate(named.items or []):
+                claim(item.path, f"{at}.{kind}.items[{k}].path")
+        if source.downward_api is not None:
+            errors.extend(_validate_downward_api(source.downward_api.items, at, pod))
+            for k, file in enumerate(source.downward_api.items):
+                claim(file.path, f"{at}.downwardAPI.items[{k}].path")
+        token = source.service_account_token
+        if token is not None:
+            if err := _relative_path_error(token.path):
+                errors.append(FieldError(f"{at}.serviceAccountToken.path", err))
+            else:
+                claim(token.path, f"{at}.serviceAccountToken.path")
+            seconds = token.expiration_seconds
+            if seconds is not None and seconds < MIN_TOKEN_SECONDS:
+                errors.append(
+                    FieldError(
+                        f"{at}.serviceAccountToken.expirationSeconds",
+                        "may not specify a duration less than 10 minutes",
+                    )
+                )
+            elif seconds is not None and seconds > MAX_TOKEN_SECONDS:
+                errors.append(
+                    FieldError(
+                        f"{at}.serviceAccountToken.expirationSeconds",
+                        "may not specify a duration larger than 2^32 seconds",
+                    )
+                )
+        if source.cluster_trust_bundle is not None:
+            errors.append(
+                FieldError(
+                    f"{at}.clusterTrustBundle",
+                    "not supported by pykubelet yet (ClusterTrustBundle is an alpha API the "
+                    "kubelet serves only behind its ClusterTrustBundleProjection feature gate)",
+                )
             )
     return errors
 

@@ -1,14 +1,17 @@
-"""ConfigMaps and Secrets for the pods' environment and volumes, read from the API server (the
-`ObjectLookup` of `pod/volumes.py` in cluster mode)."""
+"""ConfigMaps and Secrets for the pods' environment and volumes, read from the API server, and
+service-account tokens from its TokenRequest API (the `ObjectLookup` of `pod/volumes.py` in
+cluster mode)."""
 
 from __future__ import annotations
 
 import base64
+from datetime import datetime
 from typing import Any
 
 from pykubelet.client.kubeapi import ApiError
 from pykubelet.cluster.connection import ApiConnection
 from pykubelet.pod.envvars import EnvError
+from pykubelet.pod.tokens import IssuedToken, TokenRequest
 
 Obj = dict[str, Any]
 
@@ -59,3 +62,41 @@ class ApiObjectLookup:
         for key, value in (obj.get("stringData") or {}).items():
             data[str(key)] = str(value).encode()
         return data
+
+    async def request_token(self, request: TokenRequest) -> IssuedToken:
+        """POST a TokenRequest bound to the pod, as the kubelet's token manager does."""
+        api = self._connection.api
+        if api is None:
+            raise EnvError("not connected to the API server yet")
+        spec: Obj = {
+            "audiences": [request.audience] if request.audience else [],
+            "expirationSeconds": request.expiration_seconds,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": request.pod_name,
+                "uid": request.pod_uid,
+            },
+        }
+        path = (
+            f"/api/v1/namespaces/{request.namespace}/serviceaccounts/"
+            f"{request.service_account}/token"
+        )
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        try:
+            answer = await api.create(path, body)
+        except ApiError as exc:
+            raise EnvError(str(exc)) from None
+        status = answer.get("status") or {}
+        token, expires = status.get("token"), status.get("expirationTimestamp")
+        if not isinstance(token, str) or not token or not isinstance(expires, str):
+            raise EnvError("the TokenRequest answer has no status.token or expirationTimestamp")
+        try:
+            when = datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise EnvError(f"the TokenRequest answer's expirationTimestamp {expires!r}") from None
+        granted = (answer.get("spec") or {}).get("expirationSeconds")
+        seconds = (
+            granted if isinstance(granted, int) and granted > 0 else request.expiration_seconds
+        )
+        return IssuedToken(token, when, seconds)

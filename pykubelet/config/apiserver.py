@@ -54,8 +54,6 @@ LIST_PAGE = 500
 # The kubelet's reflector watches for a random 5 to 10 minutes, then re-watches from where it was:
 # spread so a fleet does not reconnect at once.
 WATCH_TIMEOUT = (300, 600)
-TOKEN_VOLUME_PREFIX = "kube-api-access-"
-SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Set by the scheduler's world only: a pod that is already bound to this node needs none of them.
 SCHEDULER_ONLY_FIELDS = (
     "preemptionPolicy",
@@ -66,19 +64,6 @@ SCHEDULER_ONLY_FIELDS = (
 
 
 # --- decoding API pods --------------------------------------------------------------------------
-
-
-def _is_token_volume(volume: Any) -> bool:
-    if not isinstance(volume, dict):
-        return False
-    name = volume.get("name")
-    projected = volume.get("projected")
-    if not isinstance(name, str) or not name.startswith(TOKEN_VOLUME_PREFIX):
-        return False
-    if not isinstance(projected, dict) or set(volume) != {"name", "projected"}:
-        return False
-    sources = projected.get("sources") or []
-    return any(isinstance(s, dict) and "serviceAccountToken" in s for s in sources)
 
 
 def prepare_api_pod(obj: Obj) -> Obj:
@@ -101,29 +86,6 @@ def prepare_api_pod(obj: Obj) -> Obj:
     doc["spec"] = spec
     for key in SCHEDULER_ONLY_FIELDS:
         spec.pop(key, None)
-    volumes = spec.get("volumes")
-    if isinstance(volumes, list):
-        tokens = {v["name"] for v in volumes if _is_token_volume(v)}
-        if tokens:
-            rest = [v for v in volumes if not _is_token_volume(v)]
-            if rest:
-                spec["volumes"] = rest
-            else:
-                del spec["volumes"]
-            for kind in ("initContainers", "containers"):
-                for container in spec.get(kind) or []:
-                    mounts = container.get("volumeMounts") if isinstance(container, dict) else None
-                    if not isinstance(mounts, list):
-                        continue
-                    kept = [
-                        m for m in mounts if not (isinstance(m, dict) and m.get("name") in tokens)
-                    ]
-                    if kept:
-                        container["volumeMounts"] = kept
-                    else:
-                        del container["volumeMounts"]
-    # Whether to mount the token: its volume is set aside above, so nothing is mounted either way.
-    spec.pop("automountServiceAccountToken", None)
     return doc
 
 

@@ -40,6 +40,7 @@ from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
 from pykubelet.pod.envvars import Allocatable, container_env
 from pykubelet.pod.sync import PodSync, TerminatedListener
+from pykubelet.pod.tokens import TokenManager
 from pykubelet.pod.volumes import ObjectLookup, VolumeManager
 from pykubelet.pod.workers import PodWorkers, UpdateType, WorkerState
 from pykubelet.probes.handlers import ActionRunner
@@ -90,7 +91,9 @@ class Kubelet:
             memory=facts.memory_kib * 1024,
             ephemeral_storage=facts.storage_bytes,
         )
-        volumes = VolumeManager(options.root_dir, node, options.allowed_host_paths)
+        volumes = VolumeManager(
+            options.root_dir, node, options.allowed_host_paths, TokenManager(objects)
+        )
         self._syncer = PodSync(
             runtime, statuses, recorder, host_ip, actions, self._prober, volumes, node, objects
         )

@@ -6,16 +6,19 @@ A pod's volumes live where the kubelet keeps them, under `--root-dir`:
     <root>/pods/<uid>/volumes/kubernetes.io~configmap/<name>/
     <root>/pods/<uid>/volumes/kubernetes.io~secret/<name>/
     <root>/pods/<uid>/volumes/kubernetes.io~downward-api/<name>/
+    <root>/pods/<uid>/volumes/kubernetes.io~projected/<name>/
 
 A hostPath is the host's own path, checked against its `type`. ConfigMap, Secret and downward
 API volumes are written as the kubelet's atomic writer does: the files sit in a timestamped
 directory that a `..data` symlink names, and each top-level entry is a symlink through `..data`,
-so a container never sees half an update. A runtime only binds these paths (`Mount`); which
-backend runs the pod does not matter here.
+so a container never sees half an update. A projected volume is one such directory holding the
+files of its sources (ConfigMaps, Secrets, downward API items and service-account tokens from
+`pod/tokens.py`, which refreshes them: each sync rewrites what changed). A runtime only binds
+these paths (`Mount`); which backend runs the pod does not matter here.
 
-emptyDir with `medium: Memory` and Secret volumes are tmpfs mounts when the agent is root (a
-Secret never touches the disk, as with the kubelet); without root, Memory is refused and Secrets
-are plain files in a 0700 directory.
+emptyDir with `medium: Memory`, Secret and projected volumes are tmpfs mounts when the agent is
+root (a Secret or a token never touches the disk, as with the kubelet); without root, Memory is
+refused and Secrets and projected volumes are plain files in a 0700 directory.
 """
 
 from __future__ import annotations
@@ -36,9 +39,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from pykubelet.api.model import Container, DownwardAPIVolumeFile, KeyToPath, Pod, Volume
+from pykubelet.api.model import (
+    Container,
+    DownwardAPIVolumeFile,
+    KeyToPath,
+    Pod,
+    ProjectedVolumeSource,
+    Volume,
+)
 from pykubelet.api.quantity import parse_quantity, to_bytes
 from pykubelet.pod.envvars import Allocatable, ApiObjects, EnvError, field_ref_value, resource_value
+from pykubelet.pod.tokens import (
+    DEFAULT_EXPIRATION_SECONDS,
+    IssuedToken,
+    TokenError,
+    TokenManager,
+    TokenRequest,
+)
 from pykubelet.runtime.base import Mount
 
 log = logging.getLogger(__name__)
@@ -47,6 +64,7 @@ EMPTY_DIR = "kubernetes.io~empty-dir"
 CONFIG_MAP = "kubernetes.io~configmap"
 SECRET = "kubernetes.io~secret"
 DOWNWARD_API = "kubernetes.io~downward-api"
+PROJECTED = "kubernetes.io~projected"
 DATA_LINK = "..data"
 DEFAULT_MODE = 0o644  # the API's defaultMode (420)
 SUBPATH_MODE = 0o750  # what the kubelet gives a subPath directory it creates
@@ -59,7 +77,8 @@ class VolumeError(Exception):
 
 
 class ObjectLookup(Protocol):
-    """Reads ConfigMaps and Secrets of the pod's namespace (the API server, in cluster mode)."""
+    """Reads ConfigMaps and Secrets of the pod's namespace and requests service-account tokens
+    (the API server, in cluster mode)."""
 
     async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
         """The object's data (text) and binaryData (bytes), or None if there is none."""
@@ -67,6 +86,10 @@ class ObjectLookup(Protocol):
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         """The decoded data, or None if there is no such Secret."""
+        ...
+
+    async def request_token(self, request: TokenRequest) -> IssuedToken:
+        """A token from the TokenRequest API, bound to the pod."""
         ...
 
 
@@ -79,6 +102,12 @@ class NoApiServer:
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         raise EnvError(f'secret "{name}": no API server (pykubelet runs without --kubeconfig)')
 
+    async def request_token(self, request: TokenRequest) -> IssuedToken:
+        raise EnvError(
+            f'token for service account "{request.service_account}": no API server '
+            "(pykubelet runs without --kubeconfig)"
+        )
+
 
 def referenced_objects(pod: Pod) -> tuple[set[str], set[str]]:
     """The names of the ConfigMaps and Secrets the pod's volumes and environment use."""
@@ -89,6 +118,11 @@ def referenced_objects(pod: Pod) -> tuple[set[str], set[str]]:
             config_maps.add(volume.config_map.name)
         if volume.secret is not None:
             secrets.add(volume.secret.secret_name)
+        for projection in volume.projected.sources if volume.projected is not None else []:
+            if projection.config_map is not None:
+                config_maps.add(projection.config_map.name)
+            if projection.secret is not None:
+                secrets.add(projection.secret.name)
     for container in pod.all_containers():
         for var in container.env:
             source = var.value_from
@@ -137,9 +171,14 @@ class VolumeManager:
     """Sets up, measures and tears down the volumes of the pods on this node."""
 
     def __init__(
-        self, root_dir: Path, node: Allocatable, allowed_host_paths: Iterable[str] = ()
+        self,
+        root_dir: Path,
+        node: Allocatable,
+        allowed_host_paths: Iterable[str] = (),
+        tokens: TokenManager | None = None,
     ) -> None:
         self._dir = root_dir / "pods"
+        self._tokens = tokens
         self._node = node
         self._allowed = [os.path.normpath(p) for p in allowed_host_paths]
         self._root = os.geteuid() == 0
@@ -150,7 +189,36 @@ class VolumeManager:
 
     async def setup(self, pod: Pod, objects: ApiObjects) -> dict[str, str]:
         """Prepare every volume of the pod; returns each volume's path on the host."""
-        return await asyncio.to_thread(self._setup, pod, objects)
+        tokens = await self._pod_tokens(pod)
+        return await asyncio.to_thread(self._setup, pod, objects, tokens)
+
+    async def _pod_tokens(self, pod: Pod) -> dict[tuple[str, int], bytes]:
+        """The service-account token of each projection that asks for one, by (volume name,
+        source index): fresh ones from the cache, the others from the API server."""
+        tokens: dict[tuple[str, int], bytes] = {}
+        for volume in pod.spec.volumes or []:
+            for j, source in enumerate(volume.projected.sources if volume.projected else []):
+                wanted = source.service_account_token
+                if wanted is None:
+                    continue
+                where = f'MountVolume.SetUp failed for volume "{volume.name}"'
+                if self._tokens is None:
+                    raise VolumeError(f"{where}: no API server to request a token from")
+                request = TokenRequest(
+                    namespace=pod.metadata.namespace,
+                    service_account=pod.spec.service_account_name
+                    or pod.spec.service_account
+                    or "default",
+                    audience=wanted.audience or None,
+                    expiration_seconds=wanted.expiration_seconds or DEFAULT_EXPIRATION_SECONDS,
+                    pod_name=pod.metadata.name,
+                    pod_uid=pod.uid,
+                )
+                try:
+                    tokens[(volume.name, j)] = (await self._tokens.token(request)).encode()
+                except (TokenError, EnvError) as e:
+                    raise VolumeError(f"{where}: {e}") from e
+        return tokens
 
     async def container_mounts(
         self, pod: Pod, container: Container, paths: dict[str, str]
@@ -160,6 +228,8 @@ class VolumeManager:
 
     async def teardown(self, uid: str) -> None:
         """Unmount what we mounted for the pod and delete its volumes."""
+        if self._tokens is not None:
+            self._tokens.forget_pod(uid)
         await asyncio.to_thread(self._teardown, uid)
 
     async def pod_uids(self) -> list[str]:
@@ -172,13 +242,15 @@ class VolumeManager:
 
     # --- in a thread ----------------------------------------------------------------------------
 
-    def _setup(self, pod: Pod, objects: ApiObjects) -> dict[str, str]:
+    def _setup(
+        self, pod: Pod, objects: ApiObjects, tokens: dict[tuple[str, int], bytes]
+    ) -> dict[str, str]:
         # Private, as everything under --root-dir: containers reach their volumes by the binds.
         os.makedirs(self._dir, 0o700, exist_ok=True)
         paths: dict[str, str] = {}
         for volume in pod.spec.volumes or []:
             try:
-                paths[volume.name] = self._setup_one(pod, volume, objects)
+                paths[volume.name] = self._setup_one(pod, volume, objects, tokens)
             except OSError as e:
                 raise VolumeError(
                     f'MountVolume.SetUp failed for volume "{volume.name}": {_os_reason(e)}'
@@ -192,7 +264,13 @@ class VolumeManager:
     def _volume_dir(self, pod: Pod, plugin: str, name: str) -> Path:
         return self.pod_dir(pod.uid) / "volumes" / plugin / name
 
-    def _setup_one(self, pod: Pod, volume: Volume, objects: ApiObjects) -> str:
+    def _setup_one(
+        self,
+        pod: Pod,
+        volume: Volume,
+        objects: ApiObjects,
+        tokens: dict[tuple[str, int], bytes],
+    ) -> str:
         if volume.host_path is not None:
             return self._host_path(volume.host_path.path, volume.host_path.type or "")
         if volume.empty_dir is not None:
@@ -248,7 +326,65 @@ class VolumeManager:
             }
             self._write_atomically(path, _with_default_mode(downward), private=False)
             return str(path)
+        if volume.projected is not None:
+            path = self._volume_dir(pod, PROJECTED, volume.name)
+            files = self._projected_files(pod, volume.name, volume.projected, objects, tokens)
+            if self._root:
+                self._tmpfs(path, 0o755, None)  # tokens and Secrets stay off the disk
+            self._write_atomically(path, files, private=not self._root)
+            return str(path)
         raise VolumeError("no volume source")  # validation makes this unreachable
+
+    def _projected_files(
+        self,
+        pod: Pod,
+        name: str,
+        projected: ProjectedVolumeSource,
+        objects: ApiObjects,
+        tokens: dict[tuple[str, int], bytes],
+    ) -> dict[str, tuple[bytes, int]]:
+        """The files of every source, each with its own mode or the volume's defaultMode."""
+        default_mode = DEFAULT_MODE if projected.default_mode is None else projected.default_mode
+        files: dict[str, tuple[bytes, int]] = {}
+        for j, source in enumerate(projected.sources):
+            if source.config_map is not None:
+                cm = source.config_map
+                data = objects.config_maps.get(cm.name)
+                if data is None and not cm.optional:
+                    raise VolumeError(f'configmap "{cm.name}" not found')
+                files.update(
+                    _key_files(
+                        {
+                            k: v.encode() if isinstance(v, str) else v
+                            for k, v in (data or {}).items()
+                        },
+                        cm.items,
+                        default_mode,
+                        cm.optional,
+                        f"configmap {cm.name}",
+                    )
+                )
+            elif source.secret is not None:
+                secret = source.secret
+                found = objects.secrets.get(secret.name)
+                if found is None and not secret.optional:
+                    raise VolumeError(f'secret "{secret.name}" not found')
+                files.update(
+                    _key_files(
+                        found or {},
+                        secret.items,
+                        default_mode,
+                        secret.optional,
+                        f"secret {secret.name}",
+                    )
+                )
+            elif source.downward_api is not None:
+                for item in source.downward_api.items:
+                    mode = default_mode if item.mode is None else item.mode
+                    files[item.path] = (self._downward_value(pod, item), mode)
+            elif source.service_account_token is not None:
+                files[source.service_account_token.path] = (tokens[(name, j)], default_mode)
+        return files
 
     def _downward_value(self, pod: Pod, item: DownwardAPIVolumeFile) -> bytes:
         if item.resource_field_ref is not None:

@@ -219,15 +219,16 @@ def test_what_a_real_server_adds_decodes() -> None:
     decoded = decode_api_pod(obj)
     assert decoded.metadata.name == "web" and decoded.spec.containers[0].command == ["sleep", "9"]
     prepared = prepare_api_pod(obj)
-    assert (
-        "volumes" not in prepared["spec"]
-        and "volumeMounts" not in prepared["spec"]["containers"][0]
-    )
     assert "preemptionPolicy" not in prepared["spec"] and "status" not in prepared
-    # Only the injected token volume is set aside: a volume of the user's is kept, and one
-    # pykubelet cannot mount is refused.
+    # The injected service-account volume is the pod's like any other: a projected volume
+    # (its token from TokenRequest, its CA from the kube-root-ca.crt ConfigMap).
+    (token_volume,) = decoded.spec.volumes or []
+    assert token_volume.name.startswith("kube-api-access-") and token_volume.projected is not None
+    assert [m.mount_path for m in decoded.spec.containers[0].volume_mounts or []] == [
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    ]
     obj["spec"]["volumes"].append({"name": "data", "emptyDir": {}})
-    assert [v.name for v in decode_api_pod(obj).spec.volumes or []] == ["data"]
+    assert [v.name for v in decode_api_pod(obj).spec.volumes or []] == [token_volume.name, "data"]
     obj["spec"]["volumes"].append({"name": "claim", "persistentVolumeClaim": {"claimName": "c"}})
     with pytest.raises(ManifestError, match=r"persistentVolumeClaim: not supported"):
         decode_api_pod(obj)
