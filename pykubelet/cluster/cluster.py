@@ -102,7 +102,7 @@ class Cluster:
         kubelet.add_terminated_listener(self.finalizer.on_terminated)
 
     def tasks(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
-        return [
+        tasks = [
             ("cluster-connect", self.connection.run()),
             ("cluster-pods", self._with_api(self.source.run)),
             ("cluster-node", self._with_api(self.node.run)),
@@ -110,12 +110,10 @@ class Cluster:
             ("cluster-mirrors", self._with_api(self.mirrors.run)),
             ("cluster-events", self._with_api(self.events.run)),
             ("cluster-finalizer", self._with_api(self.finalizer.run)),
-            *(
-                [("cluster-services", self._with_api(self.services.run))]
-                if self.services is not None
-                else []
-            ),
         ]
+        if self.services is not None:
+            tasks.append(("cluster-services", self._with_api(self.services.run)))
+        return tasks
 
     async def _with_api(self, run: Callable[[KubeApi], Awaitable[None]]) -> None:
         await self.connection.with_api(run)
