@@ -188,11 +188,14 @@ async def run_agent(opts: Options) -> int:
     statuses = StatusManager()
     connection = None
     objects: ObjectLookup = NoApiServer()
+    services = None
     if opts.kubeconfig is not None:
         from pykubelet.cluster.objects import ApiObjectLookup
+        from pykubelet.cluster.services import ServiceWatch
 
         connection = ApiConnection(opts.kubeconfig, opts.node_name)
         objects = ApiObjectLookup(connection)
+        services = ServiceWatch()  # the service variables' Services
     kubelet = Kubelet(
         opts,
         runtime,
@@ -202,6 +205,7 @@ async def run_agent(opts: Options) -> int:
         statuses=statuses,
         objects=objects,
         facts=facts,
+        services=services,
     )
     tasks: list[Task] = _sources(opts, pod_config, recorder)
     stats = StatsCollector(runtime, opts.node_name)
@@ -220,6 +224,7 @@ async def run_agent(opts: Options) -> int:
             recorder=recorder,
             statuses=statuses,
             push=pod_config.channel(API_SOURCE),
+            services=services,
         )
         tasks.extend(cluster.tasks())
         log.info("joining the cluster of %s as node %s", opts.kubeconfig, opts.node_name)

@@ -102,43 +102,50 @@ def _load_configuration(kubeconfig: Path) -> Any:
     return cfg
 
 
-def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, Any]:
+def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, dict[str, Any]]:
     kube: Any = importlib.import_module("kubernetes.aio.client")
     kube_watch: Any = importlib.import_module("kubernetes.aio.watch")
     client = kube.ApiClient(cfg)  # builds the SSL context: reads CA files
     client.user_agent = user_agent
     core = kube.CoreV1Api(client)
-    # The Watch decodes with an ApiClient of its own (the default configuration; never used
-    # for requests). Built here, off the event loop, once.
-    watcher = kube_watch.Watch(return_type="object")
-    return client, core, watcher
+    # A Watch decodes with an ApiClient of its own (the default configuration; never used
+    # for requests). Built here, off the event loop, once per resource watched (pods, services).
+    watchers = {kind: kube_watch.Watch(return_type="object") for kind in ("pods", "services")}
+    return client, core, watchers
 
 
 class KubeApi:
     """The API calls of the cluster mode, typed: JSON objects in and out."""
 
     def __init__(
-        self, client: Any, core: Any, watcher: Any, host: str, qps: float = 50, burst: int = 100
+        self,
+        client: Any,
+        core: Any,
+        watchers: dict[str, Any],
+        host: str,
+        qps: float = 50,
+        burst: int = 100,
     ) -> None:
         self._client = client
         self._core = core
-        self._watch = watcher
+        self._watchers = watchers  # resource -> its Watch: one watch of each at a time
         self.host = host
         self.limiter = RateLimiter(qps, burst)
-        self._watching = False
+        self._watching: set[str] = set()
 
     @classmethod
     async def connect(cls, kubeconfig: Path, node_name: str) -> KubeApi:
         """Load the configuration (in a thread: file reads, maybe an exec plugin)."""
         cfg = await asyncio.to_thread(_load_configuration, kubeconfig)
         agent = f"pykubelet/{__version__} (linux) node/{node_name}"
-        client, core, watcher = await asyncio.to_thread(_build_client, cfg, agent)
-        return cls(client, core, watcher, str(cfg.host))
+        client, core, watchers = await asyncio.to_thread(_build_client, cfg, agent)
+        return cls(client, core, watchers, str(cfg.host))
 
     async def close(self) -> None:
         try:
             await self._client.close()
-            await self._watch.close()
+            for watcher in self._watchers.values():
+                await watcher.close()
         except Exception:
             log.debug("closing the API client failed", exc_info=True)
 
@@ -209,12 +216,53 @@ class KubeApi:
             query.append(("continue", cont))
         return await self.request("GET", "/api/v1/pods", query=query, request_timeout=60.0)
 
-    async def watch_pods(
+    async def list_services(self, limit: int, cont: str | None) -> Obj:
+        """A page of the Services of all namespaces."""
+        query: list[tuple[str, Any]] = [("limit", limit)]
+        if cont:
+            query.append(("continue", cont))
+        return await self.request("GET", "/api/v1/services", query=query, request_timeout=60.0)
+
+    def watch_pods(
         self,
         field_selector: str,
         resource_version: str,
         timeout_seconds: int,
         idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> AsyncIterator[Obj]:
+        """The pods' watch events (see `_watch`)."""
+        return self._watch(
+            "pods",
+            self._core.list_pod_for_all_namespaces,
+            resource_version,
+            timeout_seconds,
+            idle_timeout,
+            field_selector=field_selector,
+        )
+
+    def watch_services(
+        self,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> AsyncIterator[Obj]:
+        """The watch events of the Services of all namespaces (see `_watch`)."""
+        return self._watch(
+            "services",
+            self._core.list_service_for_all_namespaces,
+            resource_version,
+            timeout_seconds,
+            idle_timeout,
+        )
+
+    async def _watch(
+        self,
+        kind: str,
+        list_function: Any,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float,
+        **selectors: str,
     ) -> AsyncIterator[Obj]:
         """The watch events (`type`, `object` as a dict); ends when the server ends the stream.
 
@@ -224,13 +272,13 @@ class KubeApi:
         """
         exceptions: Any = importlib.import_module("kubernetes.aio.client.exceptions")
         api_exception: type[Exception] = exceptions.ApiException
-        assert not self._watching, "one pod watch at a time"
+        assert kind not in self._watching, f"one {kind} watch at a time"
         await self.limiter.acquire()
-        self._watching = True
-        watcher = self._watch
+        self._watching.add(kind)
+        watcher = self._watchers[kind]
         stream = watcher.stream(
-            self._core.list_pod_for_all_namespaces,
-            field_selector=field_selector,
+            list_function,
+            **selectors,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout_seconds,
@@ -266,5 +314,5 @@ class KubeApi:
                     )
                 yield {"type": str(event.get("type", "")), "object": event["raw_object"]}
         finally:
-            self._watching = False
+            self._watching.discard(kind)
             await watcher.close()

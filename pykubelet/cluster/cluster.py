@@ -9,7 +9,9 @@ the parts together and gives the root its tasks:
   pods, for static pods;
 - mirrors: mirror pods of the static pods (`mirror.py`);
 - events: the recorder's events posted to the API server (`event_sink.py`);
-- finalizer: the kubelet's final delete (`finalizer.py`).
+- finalizer: the kubelet's final delete (`finalizer.py`);
+- services: the Services of the pods' service variables (`services.py`), built by the root
+  before the kubelet, which reads them through `ServiceEnv`.
 
 It reads the kubelet through `KubeletView` and hears of it through the listeners it registers
 (statuses, events, terminated pods). At shutdown the root stops the pods first, then calls
@@ -29,6 +31,7 @@ from pykubelet.cluster.event_sink import EventSink
 from pykubelet.cluster.finalizer import FinalDeletes, RuntimePods
 from pykubelet.cluster.mirror import MirrorPods
 from pykubelet.cluster.node import NodeAgent
+from pykubelet.cluster.services import ServiceWatch
 from pykubelet.common.events import EventRecorder
 from pykubelet.common.machine import MachineFacts
 from pykubelet.common.options import Options
@@ -75,8 +78,10 @@ class Cluster:
         recorder: EventRecorder,
         statuses: StatusManager,
         push: Callable[[PodUpdate], None],
+        services: ServiceWatch | None = None,
     ) -> None:
         self.connection = connection
+        self.services = services
         self._kubelet = kubelet
         self.status = StatusSync(self._target)
         self.source = ApiSource(opts.node_name, push, recorder, rejected=self._rejected)
@@ -97,7 +102,7 @@ class Cluster:
         kubelet.add_terminated_listener(self.finalizer.on_terminated)
 
     def tasks(self) -> list[tuple[str, Coroutine[Any, Any, None]]]:
-        return [
+        tasks = [
             ("cluster-connect", self.connection.run()),
             ("cluster-pods", self._with_api(self.source.run)),
             ("cluster-node", self._with_api(self.node.run)),
@@ -106,6 +111,9 @@ class Cluster:
             ("cluster-events", self._with_api(self.events.run)),
             ("cluster-finalizer", self._with_api(self.finalizer.run)),
         ]
+        if self.services is not None:
+            tasks.append(("cluster-services", self._with_api(self.services.run)))
+        return tasks
 
     async def _with_api(self, run: Callable[[KubeApi], Awaitable[None]]) -> None:
         await self.connection.with_api(run)

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import TypeVar
 
-from pykubelet.api.model import Pod, PodStatus
+from pykubelet.api.model import Container, Pod, PodStatus
 from pykubelet.api.qos import qos_class
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
@@ -38,7 +38,13 @@ from pykubelet.kubelet.admission import (
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
-from pykubelet.pod.envvars import Allocatable, container_env
+from pykubelet.pod.envvars import (
+    Allocatable,
+    NoServices,
+    ServiceEnv,
+    container_env,
+    pod_service_env,
+)
 from pykubelet.pod.sync import PodSync, TerminatedListener
 from pykubelet.pod.tokens import TokenManager
 from pykubelet.pod.volumes import ObjectLookup, VolumeManager
@@ -73,6 +79,7 @@ class Kubelet:
         statuses: StatusManager,
         objects: ObjectLookup,
         facts: MachineFacts,
+        services: ServiceEnv | None = None,
     ) -> None:
         self.options = options
         self.node_name = options.node_name
@@ -82,9 +89,8 @@ class Kubelet:
         self.pod_config = pod_config
         self.statuses = statuses
         self._probe_results: asyncio.Queue[str] = asyncio.Queue()  # uids whose probes changed
-        actions = ActionRunner(
-            runtime, host_ip, lambda pod, spec, pod_ip: container_env(pod, spec, host_ip, pod_ip)
-        )
+        self._services: ServiceEnv = services if services is not None else NoServices()
+        actions = ActionRunner(runtime, host_ip, self._exec_env)
         self._prober = ProbeManager(actions, recorder, self._probe_results.put_nowait)
         node = Allocatable(
             cpu=Fraction(facts.cpus),
@@ -95,7 +101,16 @@ class Kubelet:
             options.root_dir, node, options.allowed_host_paths, TokenManager(objects)
         )
         self._syncer = PodSync(
-            runtime, statuses, recorder, host_ip, actions, self._prober, volumes, node, objects
+            runtime,
+            statuses,
+            recorder,
+            host_ip,
+            actions,
+            self._prober,
+            volumes,
+            node,
+            objects,
+            self._services,
         )
         self._pods = PodStore()
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)
@@ -165,7 +180,14 @@ class Kubelet:
             raise LookupError(f'container "{container}" in pod "{namespace}/{name}" is not running')
         sandbox = runtime_pod.sandbox if runtime_pod else None
         pod_ip = sandbox.ip if sandbox is not None and sandbox.ip else ""
-        return running[-1], container_env(pod, spec, self.host_ip, pod_ip)
+        return running[-1], self._exec_env(pod, spec, pod_ip)
+
+    def _exec_env(self, pod: Pod, spec: Container, pod_ip: str) -> list[tuple[str, str]]:
+        """The environment of a command run in a container (exec, exec probes and hooks), for
+        the runtimes that do not keep the container's own: its variables, with the service
+        variables of the Services known now."""
+        services = pod_service_env(pod, self._services, wait=False)
+        return container_env(pod, spec, self.host_ip, pod_ip, services=services)
 
     def health_problems(self) -> list[str]:
         problems = []

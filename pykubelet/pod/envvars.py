@@ -1,11 +1,20 @@
-"""Container environment as Kubernetes builds it: envFrom, `$(VAR)` expansion, valueFrom."""
+"""Container environment as Kubernetes builds it: envFrom, `$(VAR)` expansion, valueFrom, and
+the service variables (the kubelet's getServiceEnvVarMap and envvars.FromServices).
+
+The service variables are computed here from the Services a `ServiceEnv` lists (in cluster mode,
+the API server's, through a watch): `KUBERNETES_SERVICE_HOST`, `KUBERNETES_PORT_443_TCP`, ... of
+the `kubernetes` Service in `default` always, and, with `enableServiceLinks` (true unless set
+false), the docker-links variables of every Service of the pod's namespace that has a ClusterIP.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections import ChainMap
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Protocol
 
 from pykubelet.api.model import (
     ConfigMapKeySelector,
@@ -76,6 +85,141 @@ class ApiObjects:
 
 class EnvError(Exception):
     """The environment cannot be built (a missing ConfigMap or key): the container waits."""
+
+
+# --- service variables --------------------------------------------------------------------------
+
+# The kubelet's --master-service-namespace (deprecated, default "default") and its master services.
+MASTER_SERVICE_NAMESPACE = "default"
+MASTER_SERVICES = frozenset({"kubernetes"})
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    port: int
+    name: str = ""
+    protocol: str = "TCP"  # an unset protocol is TCP, as the kubelet reads it
+
+
+@dataclass(frozen=True)
+class Service:
+    """What the environment needs of a Service."""
+
+    namespace: str
+    name: str
+    cluster_ip: str  # "" or "None" (headless): no variables
+    ports: tuple[ServicePort, ...] = ()
+
+    @property
+    def ip_set(self) -> bool:
+        """The kubelet's IsServiceIPSet: a ClusterIP that is neither "None" nor empty."""
+        return self.cluster_ip not in ("", "None")
+
+
+class ServiceEnv(Protocol):
+    """The Services the environment is built from (the kubelet's service lister)."""
+
+    def services(self) -> Iterable[Service]:
+        """Every Service known, of every namespace."""
+        ...
+
+    def not_synced(self) -> str | None:
+        """None once the Services have been listed at least once; else why not yet."""
+        ...
+
+
+class NoServices:
+    """Without an API server there are no Services: no service variables, as the kubelet's
+    ("Kubelets without masters ... don't set env vars")."""
+
+    def services(self) -> Iterable[Service]:
+        return ()
+
+    def not_synced(self) -> str | None:
+        return None
+
+
+class ServicesNotSynced(EnvError):
+    """The Services have not been listed yet: an API pod's container waits for them."""
+
+
+SERVICES_NOT_SYNCED = "services have not yet been read at least once, cannot construct envvars"
+
+
+def env_var_name(name: str) -> str:
+    """A Service's or port's name as a variable name: uppercased, '-' becomes '_'."""
+    return name.upper().replace("-", "_")
+
+
+def _host_port(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"  # Go's net.JoinHostPort
+
+
+def service_variables(services: Iterable[Service]) -> dict[str, str]:
+    """The kubelet's envvars.FromServices: for each Service with a ClusterIP, `<NAME>_SERVICE_HOST`,
+    `<NAME>_SERVICE_PORT` (the first port) and `<NAME>_SERVICE_PORT_<PORT NAME>` (each named
+    port), then the docker-links variables: `<NAME>_PORT` (the first port's URL) and, per port,
+    `<NAME>_PORT_<port>_<PROTO>` with its `_PROTO`, `_PORT` and `_ADDR`."""
+    out: dict[str, str] = {}
+    for svc in services:
+        # API validation gives every Service with a ClusterIP a port; one without has no vars.
+        if not svc.ip_set or not svc.ports:
+            continue
+        prefix = env_var_name(svc.name)
+        out[f"{prefix}_SERVICE_HOST"] = svc.cluster_ip
+        out[f"{prefix}_SERVICE_PORT"] = str(svc.ports[0].port)
+        for sp in svc.ports:
+            if sp.name:
+                out[f"{prefix}_SERVICE_PORT_{env_var_name(sp.name)}"] = str(sp.port)
+        for i, sp in enumerate(svc.ports):
+            protocol = sp.protocol or "TCP"
+            url = f"{protocol.lower()}://{_host_port(svc.cluster_ip, sp.port)}"
+            if i == 0:
+                out[f"{prefix}_PORT"] = url  # docker special-cases the first port
+            port_prefix = f"{prefix}_PORT_{sp.port}_{protocol.upper()}"
+            out[port_prefix] = url
+            out[f"{port_prefix}_PROTO"] = protocol.lower()
+            out[f"{port_prefix}_PORT"] = str(sp.port)
+            out[f"{port_prefix}_ADDR"] = svc.cluster_ip
+    return out
+
+
+def service_env(
+    services: Iterable[Service],
+    namespace: str,
+    enable_service_links: bool,
+    master_namespace: str = MASTER_SERVICE_NAMESPACE,
+) -> dict[str, str]:
+    """The kubelet's getServiceEnvVarMap: the variables a pod of `namespace` sees.
+
+    The master services (`kubernetes` in `default`) always; the Services of the pod's own
+    namespace only with enableServiceLinks, and one of them named `kubernetes` then takes the
+    place of the master's (for a pod of `default` they are the same). Headless Services and those
+    without a ClusterIP give nothing.
+    """
+    chosen: dict[str, Service] = {}
+    for svc in services:
+        if not svc.ip_set:
+            continue
+        if svc.namespace == master_namespace and svc.name in MASTER_SERVICES:
+            chosen.setdefault(svc.name, svc)
+        elif svc.namespace == namespace and enable_service_links:
+            chosen[svc.name] = svc
+    return service_variables(chosen[name] for name in sorted(chosen))
+
+
+def pod_service_env(pod: Pod, lister: ServiceEnv, *, wait: bool) -> dict[str, str]:
+    """The pod's service variables. With `wait` (an API pod's container about to start, as the
+    kubelet waits for its service informer) raises ServicesNotSynced until the Services have
+    been listed once; static pods never wait (the API server may be down for good)."""
+    problem = lister.not_synced()
+    if wait and problem is not None:
+        raise ServicesNotSynced(f"{SERVICES_NOT_SYNCED} ({problem})")
+    links = pod.spec.enable_service_links is not False  # the API server's default: true
+    return service_env(lister.services(), pod.metadata.namespace, links)
+
+
+# --- the other variables ------------------------------------------------------------------------
 
 
 def field_ref_value(pod: Pod, field_path: str, host_ip: str, pod_ip: str) -> str:
@@ -205,17 +349,23 @@ def container_env(
     pod_ip: str,
     objects: ApiObjects | None = None,
     node: Allocatable | None = None,
+    services: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """The container's variables in order: envFrom's first, then env, each value expanded
-    against the ones before it. Raises EnvError for a missing ConfigMap, Secret or key."""
+    against the ones before it and the service variables, then the service variables the
+    container does not set itself (its own win). Raises EnvError for a missing ConfigMap,
+    Secret or key."""
     objects = objects or ApiObjects()
+    services = services or {}
     namespace = pod.metadata.namespace
     resolved, _ = _env_from(container, objects, namespace)
+    # As the kubelet's expansion.MappingFuncFor(tmpEnv, serviceEnv): the container's first.
+    known = ChainMap(resolved, dict(services))
     for var in container.env:
         source = var.value_from
         value: str | None
         if source is None:
-            value = expand(var.value or "", resolved)
+            value = expand(var.value or "", known)
         elif source.field_ref is not None:
             value = field_ref_value(pod, source.field_ref.field_path, host_ip, pod_ip)
         elif source.resource_field_ref is not None:
@@ -230,7 +380,7 @@ def container_env(
             value = ""
         if value is not None:  # an optional reference that is missing sets nothing
             resolved[var.name] = value
-    return list(resolved.items())
+    return [*resolved.items(), *((k, v) for k, v in services.items() if k not in resolved)]
 
 
 def skipped_env_names(container: Container, objects: ApiObjects) -> list[str]:

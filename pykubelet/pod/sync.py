@@ -25,8 +25,12 @@ from pykubelet.pod.envvars import (
     Allocatable,
     ApiObjects,
     EnvError,
+    NoServices,
+    ServiceEnv,
+    ServicesNotSynced,
     container_env,
     expand,
+    pod_service_env,
     skipped_env_names,
 )
 from pykubelet.pod.volumes import (
@@ -99,6 +103,9 @@ def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
 
 # How soon a pod whose volumes could not be set up is tried again.
 VOLUME_RETRY_SECONDS = 2.0
+# How soon a container that waits for the Services to be listed is tried again (no back-off:
+# the list usually answers within a moment of the pods').
+SERVICES_RETRY_SECONDS = 1.0
 # A kill that interrupted a sync looks this long for a container the sync was starting (the
 # docker and CRI runtimes learn of a new container from the engine's events or a relist).
 STRAGGLER_SECONDS = 3.0
@@ -176,12 +183,15 @@ class PodSync:
         volumes: VolumeManager,
         node: Allocatable,
         objects: ObjectLookup | None = None,
+        services: ServiceEnv | None = None,
     ) -> None:
         self.runtime = runtime
         self.volumes = volumes
         self.node = node
         # ConfigMaps and Secrets: the API server's in cluster mode.
         self.objects: ObjectLookup = objects if objects is not None else NoApiServer()
+        # The Services of the service variables: the API server's in cluster mode.
+        self.services: ServiceEnv = services if services is not None else NoServices()
         self._last_volumes: dict[str, tuple[ApiObjects, dict[str, str]]] = {}  # uid -> last good
         self._volume_failures: dict[str, int] = {}  # uid -> failed set-ups in a row
         self._interrupted: set[str] = set()  # uids whose sync a kill cancelled
@@ -421,8 +431,25 @@ class PodSync:
                 return False
         ref = _pod_ref(pod, spec.name)
         try:
+            # As the kubelet: an API pod waits until the Services were listed once, a static
+            # pod does not. Services that change later reach only containers started later.
+            services = pod_service_env(
+                pod, self.services, wait=pod.metadata.annotations.get(CONFIG_SOURCE) == API_SOURCE
+            )
+        except ServicesNotSynced as e:
+            state.waiting[spec.name] = Waiting("CreateContainerConfigError", str(e))
+            state.requeue.append(SERVICES_RETRY_SECONDS)
+            self.recorder.record("Warning", "Failed", f"Error: {e}", ref)
+            return False
+        try:
             env = container_env(
-                pod, spec, self.host_ip, sandbox.ip or self.host_ip, state.objects, self.node
+                pod,
+                spec,
+                self.host_ip,
+                sandbox.ip or self.host_ip,
+                state.objects,
+                self.node,
+                services,
             )
             mounts = await self.volumes.container_mounts(pod, spec, state.volume_paths)
             security = security_fields(pod, spec)
