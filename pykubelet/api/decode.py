@@ -25,7 +25,7 @@ KNOWN_UNSUPPORTED = frozenset(
         "hostIPC", "imagePullSecrets", "readinessGates", "runtimeClassName",
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
         "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
-        "ephemeralContainers", "setHostnameAsFQDN", "automountServiceAccountToken", "hostUsers",
+        "setHostnameAsFQDN", "automountServiceAccountToken", "hostUsers",
         # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
         # readOnlyRootFilesystem/privileged
         "capabilities", "seLinuxOptions", "seccompProfile", "appArmorProfile", "procMount",
@@ -133,8 +133,11 @@ def _nul_paths(obj: Any, prefix: Sequence[int | str], depth: int = 0) -> list[li
     return found
 
 
-def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -> Pod:
-    """One decoded document as a validated Pod; errors carry `prefix` before their paths."""
+def pod_from_object(
+    obj: Any, location: str, prefix: Sequence[int | str] = (), *, api_pod: bool = False
+) -> Pod:
+    """One decoded document as a validated Pod; errors carry `prefix` before their paths.
+    `api_pod`: it comes from the API server, which alone may add ephemeral containers."""
     where = format_path(prefix)
     if not isinstance(obj, dict):
         raise ManifestError(
@@ -165,7 +168,7 @@ def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -
         raise ManifestError(location, _pydantic_errors(exc, prefix)) from None
     except RecursionError:
         raise ManifestError(location, [FieldError(where, "nested too deeply")]) from None
-    errors = validate_pod(pod)
+    errors = validate_pod(pod, api_pod=api_pod)
     if errors:
         if prefix:
             errors = [

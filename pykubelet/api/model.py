@@ -234,6 +234,13 @@ class Container(ApiModel):
         return {kind: probe for kind, probe in found.items() if probe is not None}
 
 
+class EphemeralContainer(Container):
+    """A debugging container added to a running pod (`kubectl debug`): the container's fields
+    (the API server allows only some of them) and the container whose processes it targets."""
+
+    target_container_name: str | None = None
+
+
 RestartPolicy = Literal["Always", "OnFailure", "Never"]
 
 
@@ -310,6 +317,9 @@ class Volume(ApiModel):
 class PodSpec(ApiModel):
     containers: list[Container] = Field(default_factory=list)
     init_containers: list[Container] = Field(default_factory=list)
+    # Only the API server adds them (the pods/ephemeralcontainers subresource); None, not [],
+    # so that to_api() of a pod without them stays what it was.
+    ephemeral_containers: list[EphemeralContainer] | None = None
     restart_policy: RestartPolicy = "Always"
     termination_grace_period_seconds: int = 30
     active_deadline_seconds: int | None = None
@@ -399,6 +409,7 @@ class PodStatus(StatusModel):
     start_time: datetime | None = None
     init_container_statuses: list[ContainerStatus] | None = None
     container_statuses: list[ContainerStatus] | None = None
+    ephemeral_container_statuses: list[ContainerStatus] | None = None
     qos_class: str | None = None
 
 
@@ -424,4 +435,8 @@ class Pod(ApiModel):
         return f"{self.metadata.namespace}/{self.metadata.name}"
 
     def all_containers(self) -> list[Container]:
-        return [*self.spec.init_containers, *self.spec.containers]
+        """Init, regular and ephemeral containers (the kubelet's AllContainers)."""
+        return [*self.spec.init_containers, *self.spec.containers, *self.ephemeral_containers()]
+
+    def ephemeral_containers(self) -> list[EphemeralContainer]:
+        return list(self.spec.ephemeral_containers or [])

@@ -110,7 +110,7 @@ def prepare_api_pod(obj: Obj) -> Obj:
                 spec["volumes"] = rest
             else:
                 del spec["volumes"]
-            for kind in ("initContainers", "containers"):
+            for kind in ("initContainers", "containers", "ephemeralContainers"):
                 for container in spec.get(kind) or []:
                     mounts = container.get("volumeMounts") if isinstance(container, dict) else None
                     if not isinstance(mounts, list):
@@ -134,7 +134,7 @@ def pod_location(obj: Obj) -> str:
 
 def decode_api_pod(obj: Obj) -> Pod:
     """Raises ManifestError naming the pod, the field and the reason."""
-    return pod_from_object(prepare_api_pod(obj), pod_location(obj))
+    return pod_from_object(prepare_api_pod(obj), pod_location(obj), api_pod=True)
 
 
 def is_mirror(obj: Obj) -> bool:

@@ -236,6 +236,9 @@ class PodSync:
         mounted = await self._setup_volumes(pod, state)
         initialized, init_failed = False, False
         if mounted:
+            # As the kubelet, before the init containers: a pod whose init containers fail can
+            # still be debugged.
+            await self._sync_ephemeral_containers(pod, sandbox, instances, state)
             initialized, init_failed = await self._sync_init_containers(
                 pod, sandbox, instances, state
             )
@@ -337,6 +340,31 @@ class PodSync:
             return False, False  # running (or just started): wait for it to exit
         return True, False
 
+    async def _sync_ephemeral_containers(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        instances: dict[str, list[RuntimeContainer]],
+        state: _Pass,
+    ) -> None:
+        """Ephemeral containers start once and are never restarted (computePodActions): one
+        with an instance, running or exited, is left alone; a start that failed is tried again
+        after its back-off, as any failed start. With targetContainerName the container joins
+        the process namespace of the target's latest instance."""
+        for spec in pod.ephemeral_containers():
+            if instances[spec.name]:
+                continue
+            target_id: str | None = None
+            if spec.target_container_name:
+                targets = instances[spec.target_container_name]
+                if not targets:
+                    message = f"unable to find target container {spec.target_container_name}"
+                    state.waiting[spec.name] = Waiting("CreateContainerConfigError", message)
+                    state.requeue.append(1.0)
+                    continue
+                target_id = targets[-1].id
+            await self._start(pod, sandbox, spec, 0, spec_hash(spec), state, target_id=target_id)
+
     async def _sync_container(
         self,
         pod: Pod,
@@ -406,6 +434,8 @@ class PodSync:
         attempt: int,
         wanted_hash: str,
         state: _Pass,
+        *,
+        target_id: str | None = None,
     ) -> bool:
         key = self._backoff_key(pod, spec.name, wanted_hash)
         failure = self._start_failures.get(key)
@@ -468,6 +498,7 @@ class PodSync:
             stdin=bool(spec.stdin),
             stdin_once=bool(spec.stdin and spec.stdin_once),
             tty=bool(spec.tty),
+            target_container_id=target_id,
         )
         try:
             started = await self.runtime.start_container(pod, sandbox, config)
