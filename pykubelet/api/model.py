@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic.alias_generators import to_camel
 
 
@@ -239,6 +239,15 @@ class EphemeralContainer(Container):
     (the API server allows only some of them) and the container whose processes it targets."""
 
     target_container_name: str | None = None
+    # Why pykubelet cannot run it (a field it does not support), set by the decoder: the pod
+    # runs on and this container's status says why, instead of the whole pod being refused.
+    _refusal: str | None = PrivateAttr(default=None)
+
+    def refusal(self) -> str | None:
+        return self._refusal
+
+    def refuse(self, reason: str) -> None:
+        self._refusal = reason
 
 
 RestartPolicy = Literal["Always", "OnFailure", "Never"]

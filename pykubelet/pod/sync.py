@@ -194,6 +194,7 @@ class PodSync:
         self._start_failures: dict[str, tuple[float, Waiting]] = {}
         self._keys_of_pod: dict[str, set[str]] = {}  # uid -> its back-off keys, to forget them
         self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
+        self._refused: set[str] = set()  # uid/name of ephemeral containers said to be refused
         # Called once a pod's containers are all stopped (e.g. for the API's final delete).
         self._terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
 
@@ -353,6 +354,16 @@ class PodSync:
         the process namespace of the target's latest instance."""
         for spec in pod.ephemeral_containers():
             if instances[spec.name]:
+                continue
+            refusal = spec.refusal()
+            if refusal is not None:
+                state.waiting[spec.name] = Waiting("CreateContainerConfigError", refusal)
+                key = f"{pod.uid}/{spec.name}"
+                if key not in self._refused:
+                    self._refused.add(key)
+                    self.recorder.record(
+                        "Warning", "Failed", f"Error: {refusal}", _pod_ref(pod, spec.name)
+                    )
                 continue
             target_id: str | None = None
             if spec.target_container_name:
@@ -621,6 +632,7 @@ class PodSync:
             self._volume_failures.pop(uid, None)
             self.statuses.forget(uid)
             self._first_seen.pop(uid, None)
+            self._refused = {k for k in self._refused if not k.startswith(f"{uid}/")}
             keys = self._keys_of_pod.pop(uid, set())
             self.backoff.forget(keys)
             for key in keys:

@@ -129,6 +129,20 @@ def test_kubectl_debug_on_the_process_runtime(
     taken = kubectl(kubeconfig, "debug", "web", "--image=busybox:test", "-c", "app", "--", "true")
     assert taken.returncode != 0
     assert 'spec.ephemeralContainers[2].name: Duplicate value: "app"' in taken.stderr
+    # kubectl's general profile adds capabilities, which pykubelet does not support: that
+    # container waits, saying so (kubectl debug -i prints it while it waits), the pod runs on.
+    traced = kubectl(
+        kubeconfig, "debug", "web", "--image=busybox:test", "-c", "traced", "--profile=general"
+    )
+    assert traced.returncode == 0, traced.stderr
+    status = wait_for(
+        "the refused ephemeral container waiting",
+        lambda: (s := ephemeral_status(client, "traced")) and "waiting" in s["state"] and s,
+    )
+    waiting = status["state"]["waiting"]
+    assert waiting["reason"] == "CreateContainerConfigError"
+    assert "securityContext.capabilities: not supported by pykubelet yet" in waiting["message"]
+    assert running_in_api(client, "web") is not None
 
 
 @pytest.mark.docker

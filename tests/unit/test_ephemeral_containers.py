@@ -218,16 +218,30 @@ def test_an_api_pod_decodes_its_ephemeral_containers() -> None:
 
 
 def test_the_agent_checks_ephemeral_containers_as_the_api_server() -> None:
+    """A container it cannot run waits with the reason; the rest of the pod is the pod."""
     body = api_pod()
     body["spec"]["ephemeralContainers"] = [
-        debugger("app", ports=[{"containerPort": 80}], targetContainerName="nope"),
+        debugger(ports=[{"containerPort": 80}], targetContainerName="nope"),
+        # What kubectl debug --profile=general adds: a field pykubelet does not support.
+        debugger("traced", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}),
+        debugger("fine"),
     ]
+    pod = decode_api_pod(body)
+    first, traced, fine = pod.ephemeral_containers()
+    refusal = first.refusal() or ""
+    assert refusal.startswith("pykubelet cannot run this ephemeral container: ")
+    assert "spec.ephemeralContainers[0].ports: cannot be set for an Ephemeral Container" in refusal
+    assert "spec.ephemeralContainers[0].targetContainerName: not found: 'nope'" in refusal
+    assert "spec.ephemeralContainers[1].securityContext.capabilities: not supported by " in (
+        traced.refusal() or ""
+    )
+    assert fine.refusal() is None and fine.command == ["sh", "-c", "echo from-debug"]
+    # A name that is taken cannot be set aside: the pod as a whole is refused (its last good
+    # version runs on), as it is for any other wrong field.
+    body["spec"]["ephemeralContainers"] = [debugger("app")]
     with pytest.raises(ManifestError) as err:
         decode_api_pod(body)
-    text = str(err.value)
-    assert "spec.ephemeralContainers[0].name: duplicate name 'app'" in text
-    assert "spec.ephemeralContainers[0].ports: cannot be set for an Ephemeral Container" in text
-    assert "spec.ephemeralContainers[0].targetContainerName: not found: 'nope'" in text
+    assert "spec.ephemeralContainers[0].name: duplicate name 'app'" in str(err.value)
 
 
 def test_a_manifest_may_not_carry_ephemeral_containers() -> None:
@@ -338,3 +352,18 @@ async def test_an_ephemeral_container_that_cannot_start_waits_with_the_reason(
     assert ec.state.waiting.reason == "CreateContainerConfigError"
     assert "needs command or args" in (ec.state.waiting.message or "")
     assert status.phase == "Running"  # the pod's own containers run on
+
+
+async def test_an_ephemeral_container_pykubelet_cannot_run_says_why(node: Node) -> None:
+    sync, statuses = node.sync, node.statuses
+    traced = debugger(securityContext={"capabilities": {"add": ["SYS_PTRACE"]}})
+    await sync.sync_pod(UpdateType.CREATE, running_pod(traced))
+    await sync.sync_pod(UpdateType.SYNC, running_pod(traced))
+    status = statuses.get("uid-sync")
+    assert status is not None and status.phase == "Running"
+    (ec,) = status.ephemeral_container_statuses or []
+    waiting = ec.state.waiting
+    assert waiting is not None and waiting.reason == "CreateContainerConfigError"
+    assert "securityContext.capabilities: not supported by pykubelet yet" in (waiting.message or "")
+    rp = await node.runtime.get_pod("uid-sync")
+    assert rp is not None and [c.name for c in rp.containers] == ["app"]
