@@ -119,16 +119,19 @@ def test_kubectl_debug_on_the_process_runtime(
     client, kubeconfig = start_node(apiserver, start_agent, tmp_path)
     logs = debug_and_read_logs(client, kubeconfig, "--target=app")
     assert logs.startswith("from-debug\n"), logs
-    # A second one beside it; the first is kept as it was.
+    check_piped_stdin(kubeconfig)
+    check_interactive_shell(kubeconfig)
+    # Another one beside them; the first is kept as it was.
     done = kubectl(kubeconfig, "debug", "web", "--image=busybox:test", "-c", "two", "--", "true")
     assert done.returncode == 0, done.stderr
     pod = client.pod("web")
     assert pod is not None
-    assert [c["name"] for c in pod["spec"]["ephemeralContainers"]] == ["debugger", "two"]
+    names = [c["name"] for c in pod["spec"]["ephemeralContainers"]]
+    assert names == ["debugger", "reader", "shell", "two"]
     # The API server refuses a name that is taken.
     taken = kubectl(kubeconfig, "debug", "web", "--image=busybox:test", "-c", "app", "--", "true")
     assert taken.returncode != 0
-    assert 'spec.ephemeralContainers[2].name: Duplicate value: "app"' in taken.stderr
+    assert 'spec.ephemeralContainers[4].name: Duplicate value: "app"' in taken.stderr
     # kubectl's general profile adds capabilities, which pykubelet does not support: that
     # container waits, saying so (kubectl debug -i prints it while it waits), the pod runs on.
     traced = kubectl(
@@ -157,7 +160,12 @@ def test_kubectl_debug_on_docker(
     logs = debug_and_read_logs(client, kubeconfig, "--target=app")
     assert logs.startswith("from-debug\n/bin/sh -c echo app-started"), logs
 
-    # -i: kubectl waits for it to run, then attaches to its stdin and output.
+    check_piped_stdin(kubeconfig)
+    check_interactive_shell(kubeconfig)
+
+
+def check_piped_stdin(kubeconfig: Path) -> None:
+    """-i: kubectl waits for it to run, then attaches to its stdin and output."""
     done = kubectl_stream(
         kubeconfig,
         "true",
@@ -175,7 +183,6 @@ def test_kubectl_debug_on_docker(
     )
     assert done.returncode == 0, done.stderr
     assert "got one two" in done.stdout, (done.stdout, done.stderr)
-    check_interactive_shell(kubeconfig)
 
 
 def check_interactive_shell(kubeconfig: Path) -> None:
