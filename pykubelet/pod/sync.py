@@ -93,7 +93,9 @@ def grace_seconds(pod: Pod | None, override: float | None) -> float:
 
 
 def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
-    field_path = f"spec.containers{{{container}}}" if container else ""
+    ephemeral = {c.name for c in pod.ephemeral_containers()}
+    kind = "ephemeralContainers" if container in ephemeral else "containers"
+    field_path = f"spec.{kind}{{{container}}}" if container else ""
     return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
 
 

@@ -172,6 +172,11 @@ async def test_the_api_servers_validation(server: ApiServer, api: KubeApi) -> No
     assert 'existing ephemeral containers "debugger-abcde" may not be changed' in message
     message = await invalid(api, containers(debugger("other")), kind="merge")
     assert 'existing ephemeral containers "debugger-abcde" may not be removed' in message
+    # Nor does an update of the pod itself change them.
+    with pytest.raises(ApiError) as err:
+        await api.patch("/api/v1/namespaces/default/pods/web", containers(debugger("sneaky")))
+    assert err.value.status == 422
+    assert 'Pod "web" is invalid: spec: Forbidden: pod updates may not change' in err.value.message
     # A refused update changes nothing.
     pod = server.get("pods", "web")
     assert pod is not None and len(pod["spec"]["ephemeralContainers"]) == 1
@@ -367,3 +372,6 @@ async def test_an_ephemeral_container_pykubelet_cannot_run_says_why(node: Node) 
     assert "securityContext.capabilities: not supported by pykubelet yet" in (waiting.message or "")
     rp = await node.runtime.get_pod("uid-sync")
     assert rp is not None and [c.name for c in rp.containers] == ["app"]
+    failed = [e for e in node.sync.recorder.events() if e.reason == "Failed"]
+    assert len(failed) == 1 and failed[0].count == 1, failed  # said once, not at every sync
+    assert failed[0].involved.field_path == "spec.ephemeralContainers{debugger-abcde}"
