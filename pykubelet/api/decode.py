@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,7 @@ KNOWN_UNSUPPORTED = frozenset(
         "hostIPC", "imagePullSecrets", "readinessGates", "runtimeClassName",
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
         "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
-        "ephemeralContainers", "setHostnameAsFQDN", "hostUsers",
+        "setHostnameAsFQDN", "hostUsers",
         # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
         # readOnlyRootFilesystem/privileged
         "capabilities", "seLinuxOptions", "seccompProfile", "appArmorProfile", "procMount",
@@ -133,8 +134,11 @@ def _nul_paths(obj: Any, prefix: Sequence[int | str], depth: int = 0) -> list[li
     return found
 
 
-def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -> Pod:
-    """One decoded document as a validated Pod; errors carry `prefix` before their paths."""
+def pod_from_object(
+    obj: Any, location: str, prefix: Sequence[int | str] = (), *, api_pod: bool = False
+) -> Pod:
+    """One decoded document as a validated Pod; errors carry `prefix` before their paths.
+    `api_pod`: it comes from the API server, which alone may add ephemeral containers."""
     where = format_path(prefix)
     if not isinstance(obj, dict):
         raise ManifestError(
@@ -160,12 +164,45 @@ def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -
     if head:
         raise ManifestError(location, head)
     try:
+        return _validated(obj, location, prefix, api_pod)
+    except ManifestError as exc:
+        if not api_pod:
+            raise
+        first = exc
+    # Only ephemeral containers are wrong (a field pykubelet does not support, such as the
+    # capabilities of kubectl debug's profiles)? Then the pod runs on, and each of those
+    # containers waits with the reason instead of starting. The structural errors come before
+    # the semantic ones: set aside, then look again, until the pod passes or something else
+    # is wrong.
+    bad: dict[int, list[FieldError]] = {}
+    errors = first.errors
+    while True:
+        more = _ephemeral_errors(errors)
+        if more is None or not more or any(i in bad for i in more):
+            raise first
+        bad.update(more)
+        try:
+            pod = _validated(_set_aside(obj, bad), location, prefix, api_pod)
+            break
+        except ManifestError as exc:
+            errors = exc.errors
+    containers = pod.ephemeral_containers()
+    for i, reasons in bad.items():
+        containers[i].refuse(
+            "pykubelet cannot run this ephemeral container: " + "; ".join(map(str, reasons))
+        )
+    return pod
+
+
+def _validated(obj: Any, location: str, prefix: Sequence[int | str], api_pod: bool) -> Pod:
+    where = format_path(prefix)
+    try:
         pod = Pod.model_validate(obj)
     except ValidationError as exc:
         raise ManifestError(location, _pydantic_errors(exc, prefix)) from None
     except RecursionError:
         raise ManifestError(location, [FieldError(where, "nested too deeply")]) from None
-    errors = validate_pod(pod)
+    errors = validate_pod(pod, api_pod=api_pod)
     if errors:
         if prefix:
             errors = [
@@ -173,6 +210,31 @@ def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -
             ]
         raise ManifestError(location, errors)
     return pod
+
+
+_EPHEMERAL_PATH = re.compile(r"^spec\.ephemeralContainers\[(\d+)\]")
+
+
+def _ephemeral_errors(errors: list[FieldError]) -> dict[int, list[FieldError]] | None:
+    """The errors by ephemeral container, if every one is inside one; else None."""
+    by_index: dict[int, list[FieldError]] = {}
+    for error in errors:
+        match = _EPHEMERAL_PATH.match(error.path)
+        if match is None:
+            return None
+        by_index.setdefault(int(match.group(1)), []).append(error)
+    return by_index
+
+
+def _set_aside(obj: dict[str, Any], bad: dict[int, list[FieldError]]) -> dict[str, Any]:
+    """The pod with each bad ephemeral container reduced to its name and image."""
+    spec = dict(obj["spec"])
+    containers = list(spec["ephemeralContainers"])
+    for i in bad:
+        original = containers[i] if isinstance(containers[i], dict) else {}
+        containers[i] = {k: original[k] for k in ("name", "image") if k in original}
+    spec["ephemeralContainers"] = containers
+    return {**obj, "spec": spec}
 
 
 def decode_pod(data: bytes, location: str) -> Pod:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic.alias_generators import to_camel
 
 
@@ -234,6 +234,22 @@ class Container(ApiModel):
         return {kind: probe for kind, probe in found.items() if probe is not None}
 
 
+class EphemeralContainer(Container):
+    """A debugging container added to a running pod (`kubectl debug`): the container's fields
+    (the API server allows only some of them) and the container whose processes it targets."""
+
+    target_container_name: str | None = None
+    # Why pykubelet cannot run it (a field it does not support), set by the decoder: the pod
+    # runs on and this container's status says why, instead of the whole pod being refused.
+    _refusal: str | None = PrivateAttr(default=None)
+
+    def refusal(self) -> str | None:
+        return self._refusal
+
+    def refuse(self, reason: str) -> None:
+        self._refusal = reason
+
+
 RestartPolicy = Literal["Always", "OnFailure", "Never"]
 
 
@@ -368,6 +384,9 @@ class Volume(ApiModel):
 class PodSpec(ApiModel):
     containers: list[Container] = Field(default_factory=list)
     init_containers: list[Container] = Field(default_factory=list)
+    # Only the API server adds them (the pods/ephemeralcontainers subresource); None, not [],
+    # so that to_api() of a pod without them stays what it was.
+    ephemeral_containers: list[EphemeralContainer] | None = None
     restart_policy: RestartPolicy = "Always"
     termination_grace_period_seconds: int = 30
     active_deadline_seconds: int | None = None
@@ -460,6 +479,7 @@ class PodStatus(StatusModel):
     start_time: datetime | None = None
     init_container_statuses: list[ContainerStatus] | None = None
     container_statuses: list[ContainerStatus] | None = None
+    ephemeral_container_statuses: list[ContainerStatus] | None = None
     qos_class: str | None = None
 
 
@@ -485,4 +505,8 @@ class Pod(ApiModel):
         return f"{self.metadata.namespace}/{self.metadata.name}"
 
     def all_containers(self) -> list[Container]:
-        return [*self.spec.init_containers, *self.spec.containers]
+        """Init, regular and ephemeral containers (the kubelet's AllContainers)."""
+        return [*self.spec.init_containers, *self.spec.containers, *self.ephemeral_containers()]
+
+    def ephemeral_containers(self) -> list[EphemeralContainer]:
+        return list(self.spec.ephemeral_containers or [])

@@ -89,7 +89,9 @@ def _label_key_error(key: str) -> str | None:
     return None
 
 
-def validate_pod(pod: Pod) -> list[FieldError]:
+def validate_pod(pod: Pod, *, api_pod: bool = False) -> list[FieldError]:
+    """Every problem of the pod. `api_pod`: it comes from the API server, the only source that
+    may carry ephemeral containers (the kubelet validates file and URL pods as created pods)."""
     errors: list[FieldError] = []
     meta = pod.metadata
     if err := dns_subdomain_error(meta.name):
@@ -135,6 +137,7 @@ def validate_pod(pod: Pod) -> list[FieldError]:
                 names[container.name] = path
 
     volume_names = {v.name for v in spec.volumes or []}
+    errors.extend(_validate_ephemeral(pod, names, volume_names, api_pod=api_pod))
     errors.extend(_validate_volumes(spec.volumes or [], pod))
     if spec.security_context is not None:
         errors.extend(_validate_security(spec.security_context, "spec.securityContext"))
@@ -163,6 +166,82 @@ def validate_pod(pod: Pod) -> list[FieldError]:
                         FieldError(where, f"duplicate host port {port.host_port}/{port.protocol}")
                     )
                 host_ports[bound] = where
+    return errors
+
+
+def _ephemeral_forbidden(c: Container) -> list[str]:
+    """The fields an ephemeral container sets that it may not (the API server's allow list,
+    inverted): they are not relied upon for the pod's service, so no ports, probes, lifecycle
+    hooks or resources."""
+    found = {
+        "ports": bool(c.ports),
+        "resources": bool(c.resources.limits or c.resources.requests),
+        "restartPolicy": c.restart_policy is not None,
+        "livenessProbe": c.liveness_probe is not None,
+        "readinessProbe": c.readiness_probe is not None,
+        "startupProbe": c.startup_probe is not None,
+        "lifecycle": c.lifecycle is not None,
+    }
+    return [name for name, is_set in found.items() if is_set]
+
+
+def _validate_ephemeral(
+    pod: Pod, names: dict[str, str], volumes: set[str], *, api_pod: bool
+) -> list[FieldError]:
+    """spec.ephemeralContainers as kube-apiserver's validateEphemeralContainers checks them:
+    names unique across every container, a target that is a regular or init container, none
+    of the forbidden fields, no subPath."""
+    ephemeral = pod.ephemeral_containers()
+    if not ephemeral:
+        return []
+    if not api_pod:
+        return [
+            FieldError(
+                "spec.ephemeralContainers",
+                "cannot be set on create: only the API server adds ephemeral containers, to a "
+                "running pod (pods/{name}/ephemeralcontainers)",
+            )
+        ]
+    errors: list[FieldError] = []
+    others = set(names)
+    seen = dict(names)
+    container_names = {c.name for c in pod.all_containers()}
+    for i, container in enumerate(ephemeral):
+        path = f"spec.ephemeralContainers[{i}]"
+        errors.extend(_validate_container(container, path, is_init=False))
+        errors.extend(_validate_mounts(container, path, volumes))
+        errors.extend(_validate_env_sources(container, path, container_names))
+        if container.security_context is not None:
+            errors.extend(_validate_security(container.security_context, f"{path}.securityContext"))
+        if container.name in seen:
+            errors.append(
+                FieldError(
+                    f"{path}.name",
+                    f"duplicate name {container.name!r} (also {seen[container.name]})",
+                )
+            )
+        elif container.name:
+            seen[container.name] = path
+        target = container.target_container_name
+        if target and target not in others:
+            errors.append(
+                FieldError(
+                    f"{path}.targetContainerName",
+                    f"not found: {target!r} is not a container or init container of the pod",
+                )
+            )
+        errors.extend(
+            FieldError(f"{path}.{field}", "cannot be set for an Ephemeral Container")
+            for field in _ephemeral_forbidden(container)
+        )
+        for k, mount in enumerate(container.volume_mounts or []):
+            if mount.sub_path:
+                errors.append(
+                    FieldError(
+                        f"{path}.volumeMounts[{k}].subPath",
+                        "cannot be set for an Ephemeral Container",
+                    )
+                )
     return errors
 
 

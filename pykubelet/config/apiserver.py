@@ -96,7 +96,7 @@ def pod_location(obj: Obj) -> str:
 
 def decode_api_pod(obj: Obj) -> Pod:
     """Raises ManifestError naming the pod, the field and the reason."""
-    return pod_from_object(prepare_api_pod(obj), pod_location(obj))
+    return pod_from_object(prepare_api_pod(obj), pod_location(obj), api_pod=True)
 
 
 def is_mirror(obj: Obj) -> bool:

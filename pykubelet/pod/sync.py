@@ -97,7 +97,9 @@ def grace_seconds(pod: Pod | None, override: float | None) -> float:
 
 
 def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
-    field_path = f"spec.containers{{{container}}}" if container else ""
+    ephemeral = {c.name for c in pod.ephemeral_containers()}
+    kind = "ephemeralContainers" if container in ephemeral else "containers"
+    field_path = f"spec.{kind}{{{container}}}" if container else ""
     return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
 
 
@@ -204,6 +206,7 @@ class PodSync:
         self._start_failures: dict[str, tuple[float, Waiting]] = {}
         self._keys_of_pod: dict[str, set[str]] = {}  # uid -> its back-off keys, to forget them
         self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
+        self._refused: set[str] = set()  # uid/name of ephemeral containers said to be refused
         # Called once a pod's containers are all stopped (e.g. for the API's final delete).
         self._terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
 
@@ -246,6 +249,9 @@ class PodSync:
         mounted = await self._setup_volumes(pod, state)
         initialized, init_failed = False, False
         if mounted:
+            # As the kubelet, before the init containers: a pod whose init containers fail can
+            # still be debugged.
+            await self._sync_ephemeral_containers(pod, sandbox, instances, state)
             initialized, init_failed = await self._sync_init_containers(
                 pod, sandbox, instances, state
             )
@@ -347,6 +353,41 @@ class PodSync:
             return False, False  # running (or just started): wait for it to exit
         return True, False
 
+    async def _sync_ephemeral_containers(
+        self,
+        pod: Pod,
+        sandbox: RuntimeSandbox,
+        instances: dict[str, list[RuntimeContainer]],
+        state: _Pass,
+    ) -> None:
+        """Ephemeral containers start once and are never restarted (computePodActions): one
+        with an instance, running or exited, is left alone; a start that failed is tried again
+        after its back-off, as any failed start. With targetContainerName the container joins
+        the process namespace of the target's latest instance."""
+        for spec in pod.ephemeral_containers():
+            if instances[spec.name]:
+                continue
+            refusal = spec.refusal()
+            if refusal is not None:
+                state.waiting[spec.name] = Waiting("CreateContainerConfigError", refusal)
+                key = f"{pod.uid}/{spec.name}"
+                if key not in self._refused:
+                    self._refused.add(key)
+                    self.recorder.record(
+                        "Warning", "Failed", f"Error: {refusal}", _pod_ref(pod, spec.name)
+                    )
+                continue
+            target_id: str | None = None
+            if spec.target_container_name:
+                targets = instances[spec.target_container_name]
+                if not targets:
+                    message = f"unable to find target container {spec.target_container_name}"
+                    state.waiting[spec.name] = Waiting("CreateContainerConfigError", message)
+                    state.requeue.append(1.0)
+                    continue
+                target_id = targets[-1].id
+            await self._start(pod, sandbox, spec, 0, spec_hash(spec), state, target_id=target_id)
+
     async def _sync_container(
         self,
         pod: Pod,
@@ -416,6 +457,8 @@ class PodSync:
         attempt: int,
         wanted_hash: str,
         state: _Pass,
+        *,
+        target_id: str | None = None,
     ) -> bool:
         key = self._backoff_key(pod, spec.name, wanted_hash)
         failure = self._start_failures.get(key)
@@ -495,6 +538,7 @@ class PodSync:
             stdin=bool(spec.stdin),
             stdin_once=bool(spec.stdin and spec.stdin_once),
             tty=bool(spec.tty),
+            target_container_id=target_id,
         )
         try:
             started = await self.runtime.start_container(pod, sandbox, config)
@@ -617,6 +661,7 @@ class PodSync:
             self._volume_failures.pop(uid, None)
             self.statuses.forget(uid)
             self._first_seen.pop(uid, None)
+            self._refused = {k for k in self._refused if not k.startswith(f"{uid}/")}
             keys = self._keys_of_pod.pop(uid, set())
             self.backoff.forget(keys)
             for key in keys:

@@ -125,6 +125,9 @@ class ContainerConfig:
     stdin: bool = False
     stdin_once: bool = False
     tty: bool = False
+    # An ephemeral container's targetContainerName, resolved to the runtime id of that
+    # container's latest instance: the new container joins its process namespace.
+    target_container_id: str | None = None
 
 
 # Kubernetes keeps at most this much of an exec probe's output.

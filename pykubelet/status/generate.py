@@ -184,6 +184,17 @@ def compute_pod_status(
         status_of(c, "ContainerCreating" if initialized else "PodInitializing")
         for c in pod.spec.containers
     ]
+    # As the kubelet's: never ready, no started flag (no probes), not counted in the phase.
+    ephemeral_statuses = [
+        container_status(
+            spec,
+            by_name.get(spec.name, []),
+            waiting.get(spec.name),
+            "ContainerCreating",
+            ready=lambda c: False,
+        ).model_copy(update={"started": None})
+        for spec in pod.ephemeral_containers()
+    ]
     phase = "Failed" if init_failed else pod_phase(pod, statuses, initialized)
     reason = message = None
     if previous is not None and previous.phase in TERMINAL_PHASES:
@@ -211,5 +222,6 @@ def compute_pod_status(
         start_time=previous.start_time if previous and previous.start_time else now,
         init_container_statuses=init_statuses or None,
         container_statuses=statuses,
+        ephemeral_container_statuses=ephemeral_statuses or None,
         qos_class=qos_class(pod),
     )

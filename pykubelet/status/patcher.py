@@ -52,12 +52,14 @@ OWNED_FIELDS = (
     "startTime",
     "initContainerStatuses",
     "containerStatuses",
+    "ephemeralContainerStatuses",
     "qosClass",
 )
 LIST_KEYS = {
     "conditions": "type",
     "containerStatuses": "name",
     "initContainerStatuses": "name",
+    "ephemeralContainerStatuses": "name",
     "podIPs": "ip",
     "hostIPs": "ip",
 }

@@ -133,8 +133,10 @@ def container_config(pod: Pod, config: ContainerConfig, memory_capacity: int) ->
         privileged=config.privileged,
         namespace_options=api.NamespaceOption(
             network=api.NODE if pod.spec.host_network else api.POD,
-            pid=api.CONTAINER,
+            # An ephemeral container's targetContainerName: the target's PID namespace.
+            pid=api.TARGET if config.target_container_id else api.CONTAINER,
             ipc=api.POD,
+            target_id=config.target_container_id or "",
         ),
         readonly_rootfs=config.read_only_root_filesystem,
         supplemental_groups=config.supplemental_groups,

@@ -177,6 +177,9 @@ def container_body(
     # UTS mode); Podman does not, and needs it asked for.
     if podman:
         host_config["UTSMode"] = join
+    if config.target_container_id:
+        # An ephemeral container's targetContainerName: it sees the target's processes.
+        host_config["PidMode"] = f"container:{config.target_container_id}"
     try:
         host_config.update(resource_limits(config.limits, config.requests))
     except ValueError as e:
