@@ -381,6 +381,10 @@ class Volume(ApiModel):
         return [s for s in found if s is not None]
 
 
+class PodReadinessGate(ApiModel):
+    condition_type: str
+
+
 class PodSpec(ApiModel):
     containers: list[Container] = Field(default_factory=list)
     init_containers: list[Container] = Field(default_factory=list)
@@ -408,6 +412,7 @@ class PodSpec(ApiModel):
     tolerations: list[dict[str, Any]] | None = None
     security_context: PodSecurityContext | None = None
     volumes: list[Volume] | None = None
+    readiness_gates: list[PodReadinessGate] | None = None
 
 
 # --- status -------------------------------------------------------------------------------------
@@ -476,6 +481,7 @@ class PodStatus(StatusModel):
     host_ip: str | None = Field(default=None, alias="hostIP")
     pod_ip: str | None = Field(default=None, alias="podIP")
     pod_ips: list[PodIP] | None = Field(default=None, alias="podIPs")
+    host_ips: list[PodIP] | None = Field(default=None, alias="hostIPs")
     start_time: datetime | None = None
     init_container_statuses: list[ContainerStatus] | None = None
     container_statuses: list[ContainerStatus] | None = None

@@ -40,7 +40,9 @@ SUPPORTED_FIELD_REFS = frozenset(
         "spec.nodeName",
         "spec.serviceAccountName",
         "status.podIP",
+        "status.podIPs",
         "status.hostIP",
+        "status.hostIPs",
     }
 )
 SUPPORTED_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
@@ -89,6 +91,31 @@ def _label_key_error(key: str) -> str | None:
     return None
 
 
+# ValidateAnnotations: keys and values together at most this many bytes.
+TOTAL_ANNOTATION_SIZE_LIMIT = 256 * 1024
+
+
+def _validate_annotations(annotations: dict[str, str]) -> list[FieldError]:
+    """As the API server's ValidateAnnotations: each key a qualified name (case folded), and
+    all of them at most 256 KiB, so a static pod the API server would refuse is refused here."""
+    errors: list[FieldError] = []
+    total = 0
+    for key, value in annotations.items():
+        if err := _label_key_error(key.lower()):
+            errors.append(
+                FieldError(f"metadata.annotations[{key}]", err.replace("label key", "key"))
+            )
+        total += len(key.encode()) + len(value.encode())
+    if total > TOTAL_ANNOTATION_SIZE_LIMIT:
+        errors.append(
+            FieldError(
+                "metadata.annotations",
+                f"Too long: may not be more than {TOTAL_ANNOTATION_SIZE_LIMIT} bytes (is {total})",
+            )
+        )
+    return errors
+
+
 def validate_pod(pod: Pod, *, api_pod: bool = False) -> list[FieldError]:
     """Every problem of the pod. `api_pod`: it comes from the API server, the only source that
     may carry ephemeral containers (the kubelet validates file and URL pods as created pods)."""
@@ -109,6 +136,8 @@ def validate_pod(pod: Pod, *, api_pod: bool = False) -> list[FieldError]:
                     "'-', '_' or '.', starting and ending alphanumeric",
                 )
             )
+
+    errors.extend(_validate_annotations(meta.annotations))
 
     spec = pod.spec
     if not spec.containers:

@@ -66,13 +66,37 @@ SCHEDULER_ONLY_FIELDS = (
 # --- decoding API pods --------------------------------------------------------------------------
 
 
+def _readiness_gate_conditions(obj: Obj) -> list[Obj]:
+    """The status conditions the pod's readinessGates name: set by controllers through the API
+    server, read by the kubelet for the pod's Ready condition. Only these are kept of the
+    status, so that a change of one is a change of the pod (and of nothing else)."""
+    spec = obj.get("spec")
+    status = obj.get("status")
+    if not isinstance(spec, dict) or not isinstance(status, dict):
+        return []
+    gates = spec.get("readinessGates")
+    conditions = status.get("conditions")
+    if not isinstance(gates, list) or not isinstance(conditions, list):
+        return []
+    wanted = {g.get("conditionType") for g in gates if isinstance(g, dict)}
+    return [
+        {"type": c["type"], "status": c.get("status", "Unknown")}
+        for c in conditions
+        if isinstance(c, dict) and c.get("type") in wanted
+    ]
+
+
 def prepare_api_pod(obj: Obj) -> Obj:
-    """The object our Pod model decodes: without status and what only the scheduler reads.
+    """The object our Pod model decodes: without status (but the conditions of its readiness
+    gates) and what only the scheduler reads.
 
     resourceVersion and managedFields go too: they change with every write (our own status
     patches included), and a pod that differs only in them is the same pod to run.
     """
     doc = {k: v for k, v in obj.items() if k != "status"}
+    gates = _readiness_gate_conditions(obj)
+    if gates:
+        doc["status"] = {"conditions": gates}
     doc["apiVersion"], doc["kind"] = "v1", "Pod"  # list items carry neither
     meta = obj.get("metadata")
     if isinstance(meta, dict):

@@ -300,6 +300,10 @@ class Kubelet:
         elif update.op is Op.RECONCILE:
             for pod in update.pods:
                 self._pods.replace(pod)
+                # The kubelet's HandlePodReconcile: a readiness gate's condition changed in
+                # the API server, so the pod's Ready condition is computed again.
+                if pod.spec.readiness_gates and pod.uid not in self._rejected:
+                    self._workers.update_pod(UpdateType.SYNC, pod)
 
     def _handle_additions(self, pods: list[Pod]) -> None:
         # Counted once per batch, then kept up to date: 1,000 additions stay linear.

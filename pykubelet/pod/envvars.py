@@ -231,6 +231,9 @@ def field_ref_value(pod: Pod, field_path: str, host_ip: str, pod_ip: str) -> str
         "spec.serviceAccountName": pod.spec.service_account_name or "",
         "status.podIP": pod_ip,
         "status.hostIP": host_ip,
+        # The lists, comma-separated as the kubelet joins them: one address each here.
+        "status.podIPs": pod_ip,
+        "status.hostIPs": host_ip,
     }
     if field_path in simple:
         return simple[field_path]

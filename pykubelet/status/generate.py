@@ -148,6 +148,22 @@ def _condition(
     )
 
 
+def readiness_gates_not_ready(pod: Pod) -> list[str]:
+    """Why each readiness gate holds the pod back, in the kubelet's words: its condition (set in
+    the pod's status by a controller, through the API server) is missing or not True."""
+    found = {c.type: c.status for c in pod.status.conditions}
+    out: list[str] = []
+    for gate in pod.spec.readiness_gates or []:
+        kind = gate.condition_type
+        if kind not in found:
+            out.append(f'corresponding condition of pod readiness gate "{kind}" does not exist.')
+        elif found[kind] != "True":
+            out.append(
+                f'the status of pod readiness gate "{kind}" is not "True", but {found[kind]}'
+            )
+    return out
+
+
 def compute_pod_status(
     pod: Pod,
     runtime_pod: RuntimePod | None,
@@ -202,10 +218,16 @@ def compute_pod_status(
         reason, message = previous.reason, previous.message
     ready = phase == "Running" and all(s.ready for s in statuses)
     not_ready = "ContainersNotReady"
+    gates = readiness_gates_not_ready(pod)
+    ready_condition = _condition("Ready", ready and not gates, previous, now, not_ready)
+    if ready and gates:
+        # The kubelet's GeneratePodReadyCondition: the containers are ready, the gates not.
+        ready_condition.reason = "ReadinessGatesNotReady"
+        ready_condition.message = ", ".join(gates)
     conditions = [
         _condition("PodReadyToStartContainers", runtime_pod is not None, previous, now),
         _condition("Initialized", initialized, previous, now, "ContainersNotInitialized"),
-        _condition("Ready", ready, previous, now, not_ready),
+        ready_condition,
         _condition("ContainersReady", ready, previous, now, not_ready),
         _condition("PodScheduled", True, previous, now),
     ]
@@ -219,6 +241,7 @@ def compute_pod_status(
         host_ip=host_ip,
         pod_ip=pod_ip,
         pod_ips=[PodIP(ip=pod_ip)] if pod_ip else None,
+        host_ips=[PodIP(ip=host_ip)] if host_ip else None,
         start_time=previous.start_time if previous and previous.start_time else now,
         init_container_statuses=init_statuses or None,
         container_statuses=statuses,

@@ -239,7 +239,9 @@ async def test_an_event_over_the_clients_line_buffer_relists(
 ) -> None:
     source, pushed, _, _ = running
     big = pod("big")
-    big["metadata"]["annotations"] = {"blob": "x" * (5 * 1024 * 1024)}
+    # Past the client's line buffer (annotations could not be: the API server, and pykubelet,
+    # refuse more than 256 KiB of them).
+    big["spec"]["containers"][0]["env"] = [{"name": "BLOB", "value": "x" * (5 * 1024 * 1024)}]
     await create(server, big)
     await eventually("the big pod, through a re-list", lambda: pushed.names() == ["big"])
     assert source.lists == 2
