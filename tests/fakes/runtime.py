@@ -57,11 +57,14 @@ from datetime import UTC, datetime
 from pykubelet.api.model import Pod
 from pykubelet.runtime.base import (
     MAX_EXEC_OUTPUT,
+    NO_LOG_TIMES,
     STDOUT,
     ChangeListener,
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    LogTimes,
+    LogUnsupported,
     Runtime,
     RuntimeContainer,
     RuntimeFailure,
@@ -670,8 +673,10 @@ class FakeRuntime:
         container: RuntimeContainer,
         tail_lines: int | None = None,
         limit_bytes: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> bytes:
         await self._enter("read_log", container.pod_uid, container.name)
+        _refuse_times(times)
         rec = self._record(container)
         if rec is None:
             return b""
@@ -679,9 +684,13 @@ class FakeRuntime:
         return data if limit_bytes is None else data[: max(limit_bytes, 0)]
 
     async def follow_log(
-        self, container: RuntimeContainer, tail_lines: int | None = None
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
         await self._enter("follow_log", container.pod_uid, container.name)
+        _refuse_times(times)
         rec = self._record(container)
         if rec is None:
             return
@@ -887,3 +896,9 @@ _: type[Runtime] = FakeRuntime
 async def _until_exit(stream: FakeExecStream) -> None:
     """An attach to a container that writes nothing: it lasts until the container exits."""
     await stream._exited.wait()
+
+
+def _refuse_times(times: LogTimes) -> None:
+    """The fake keeps no time per line: like a plain log it cannot answer `times`."""
+    if times.any:
+        raise LogUnsupported("sinceSeconds/sinceTime/timestamps: the fake runtime keeps no times")

@@ -123,6 +123,22 @@ def test_kubectl_logs_reach_the_node_through_the_api_server(
     assert limited.returncode == 0, limited.stderr
     assert limited.stdout == "line 1\n"
 
+    # The process runtime's log is plain bytes: --since is answered where it keeps all of it
+    # (the container started within the hour) ...
+    recent = kubectl(kubeconfig, "logs", "talker", "--since=1h")
+    assert recent.returncode == 0, recent.stderr
+    assert recent.stdout.startswith("line 1\nline 2\nline 3\n"), recent.stdout[:200]
+    # ... and refused, saying why, where lines would have to be told apart or stamped.
+    stamped = kubectl(kubeconfig, "logs", "talker", "--timestamps")
+    assert stamped.returncode != 0
+    assert "timestamps: this runtime's log is the bytes the container wrote" in stamped.stderr
+    # Once the container is older than a second (until then all of its log is that recent):
+    chatty = wait_for(
+        "--since=1s refused",
+        lambda: (r := kubectl(kubeconfig, "logs", "talker", "--since=1s")).returncode != 0 and r,
+    )
+    assert "sinceSeconds/sinceTime: this runtime's log has no time per line" in chatty.stderr
+
     # -f streams what the container writes after it started.
     assert KUBECTL is not None
     follow = subprocess.Popen(
