@@ -93,7 +93,12 @@ def build_secure_app(
     authorizer: Authorizer,
     configz: Callable[[], Obj],
     on_request: Callable[[str, str, int], None] | None = None,
+    *,
+    streaming_idle_timeout: float | None,
 ) -> web.Application:
+    """`streaming_idle_timeout`: the kubelet's streamingConnectionIdleTimeout, for every exec,
+    attach and port-forward session (None or 0: never)."""
+
     async def running_pods(request: web.Request) -> web.Response:
         items = []
         for runtime_pod in await node.runtime.list_pods():
@@ -147,6 +152,7 @@ def build_secure_app(
                 container, opts.command, env, stdin=opts.stdin, tty=opts.tty
             ),
             opts,
+            streaming_idle_timeout,
         )
 
     async def attach(request: web.Request) -> web.StreamResponse:
@@ -167,6 +173,7 @@ def build_secure_app(
             container,
             lambda: node.runtime.attach(container, stdin=opts.stdin, tty=opts.tty),
             opts,
+            streaming_idle_timeout,
         )
 
     async def port_forward(request: web.Request) -> web.StreamResponse:
@@ -189,6 +196,7 @@ def build_secure_app(
             request,
             lambda port: node.runtime.port_forward(pod_uid, port),
             ports,
+            idle_timeout=streaming_idle_timeout,
             pod=f"{name}_{namespace}",  # the kubelet's full name of the pod
             uid=pod_uid,
         )

@@ -90,7 +90,9 @@ async def kubelet(open_port: OpenPort) -> AsyncIterator[str]:
             ports = parse_ports(request.query.getall("port", []))
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
-        return await serve_port_forward(request, open_port, ports, pod="web_default", uid="u-1")
+        return await serve_port_forward(
+            request, open_port, ports, idle_timeout=None, pod="web_default", uid="u-1"
+        )
 
     app = web.Application()
     app.router.add_route("*", "/portForward", handler)
