@@ -1,6 +1,6 @@
 """`pykubelet get|logs|describe|version`: look at a running agent through its read-only API;
 and the dispatcher of the verbs that work through a node's authenticated kubelet API
-(`exec_cmd.py`, `portforward_cmd.py`, `top_cmd.py`, over `nodeclient.py`).
+(`exec_cmd.py`, `attach_cmd.py`, `portforward_cmd.py`, `top_cmd.py`, over `nodeclient.py`).
 
 Tables and texts follow kubectl's, so what a Kubernetes user reads here looks familiar.
 """
@@ -22,17 +22,17 @@ from typing import Any, NoReturn, TextIO
 import yaml
 
 from pykubelet import __version__
-from pykubelet.cmd import exec_cmd, portforward_cmd, top_cmd
+from pykubelet.cmd import attach_cmd, exec_cmd, portforward_cmd, top_cmd
 from pykubelet.cmd.nodeclient import CtlError, find_pod
 from pykubelet.common.options import parse_duration
 from pykubelet.runtime.logfiles import parse_time as record_time
 from pykubelet.server.present import age, human_duration, parse_time, pod_status_reason, restarts
 
 DEFAULT_SERVER = "http://127.0.0.1:10255"
-# The verbs over the kubelet API (--port), each a module: name -> (add_parser, run). An attach
-# verb goes here the same way (remote.py has its session) once the node serves /attach.
+# The verbs over the kubelet API (--port), each a module: name -> (add_parser, run).
 NODE_VERBS = {
     "exec": (exec_cmd.add_parser, exec_cmd.run),
+    "attach": (attach_cmd.add_parser, attach_cmd.run),
     "port-forward": (portforward_cmd.add_parser, portforward_cmd.run),
     "top": (top_cmd.add_parser, top_cmd.run),
 }
