@@ -7,7 +7,7 @@ GET /pods, /pods/                        v1 PodList of this node's pods with liv
 GET /runningpods/                        v1 PodList of the pods and containers running
 GET /healthz                             ok
 GET /containerLogs/{ns}/{pod}/{c}        a container's log (tailLines, limitBytes, previous,
-                                         follow)
+                                         follow, sinceSeconds/sinceTime, timestamps)
 GET /configz                             {"kubeletconfig": ...}: the configuration in effect
 GET /metrics                             Prometheus metrics
 GET|POST /exec/{ns}/{pod}/[{uid}/]{c}    a command in the container (streaming/: WebSocket or
@@ -16,6 +16,9 @@ GET|POST /attach/{ns}/{pod}/[{uid}/]{c}  the container's own stdio (the same pro
 GET|POST /portForward/{ns}/{pod}[/{uid}] TCP connections to the pod's ports (streaming/
                                          portforward.py: SPDY, SPDY in a WebSocket, channels)
 GET /metrics/resource, /stats/summary    usage, from stats/ (server/stats.py)
+
+Exec, attach and port-forward sessions are closed after `streaming_idle_timeout` without a
+frame either way (the kubelet's streamingConnectionIdleTimeout).
 
 /run and the other /stats paths are not served yet: they answer 501 with a Status
 naming what is missing, never a silent 404.
