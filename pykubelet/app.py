@@ -145,7 +145,12 @@ def secure_server(
         )
     )
     app = build_secure_app(
-        kubelet, authenticator, authorizer, opts.kubelet_configuration, _counter("readwrite")
+        kubelet,
+        authenticator,
+        authorizer,
+        opts.kubelet_configuration,
+        _counter("readwrite"),
+        streaming_idle_timeout=opts.streaming_connection_idle_timeout,
     )
     add_stats_routes(app, stats)
     return HttpServer(app, opts.address, opts.port, context)

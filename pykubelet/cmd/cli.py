@@ -270,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="how often a running pod is re-synced (default 1m)",
     )
+    p.add_argument(
+        "--streaming-connection-idle-timeout",
+        type=_duration,
+        default=4 * 3600.0,
+        metavar="DURATION",
+        help="how long an exec, attach or port-forward session may pass without a frame either "
+        "way before the node closes it; 0: never (default 4h)",
+    )
     p.add_argument("--node-ip", default=None, help="the IP reported as hostIP (default: detected)")
     p.add_argument(
         "--keep-pods-on-exit",
@@ -361,6 +369,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         authorization_webhook_cache_authorized_ttl=ns.authorization_webhook_cache_authorized_ttl,
         authorization_webhook_cache_unauthorized_ttl=ns.authorization_webhook_cache_unauthorized_ttl,
         sync_frequency=ns.sync_frequency,
+        streaming_connection_idle_timeout=ns.streaming_connection_idle_timeout,
         kubeconfig=ns.kubeconfig,
         manifest_url=ns.manifest_url,
         manifest_url_headers=ns.manifest_url_header,

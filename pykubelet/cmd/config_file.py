@@ -99,6 +99,7 @@ class KubeletConfiguration(_Model):
     file_check_frequency: str | None = None
     http_check_frequency: str | None = None
     sync_frequency: str | None = None
+    streaming_connection_idle_timeout: str | None = None
     address: str | None = None
     read_only_port: int | None = Field(default=None, ge=0, le=65535)
     port: int | None = Field(default=None, ge=0, le=65535)
@@ -114,7 +115,12 @@ class KubeletConfiguration(_Model):
     container_runtime_endpoint: str | None = None
     logging: LoggingConfiguration | None = None
 
-    @field_validator("file_check_frequency", "http_check_frequency", "sync_frequency")
+    @field_validator(
+        "file_check_frequency",
+        "http_check_frequency",
+        "sync_frequency",
+        "streaming_connection_idle_timeout",
+    )
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
         return _check_duration(value)
@@ -170,6 +176,7 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "file_check_frequency": ("file_check_frequency", parse_duration),
         "http_check_frequency": ("http_check_frequency", parse_duration),
         "sync_frequency": ("sync_frequency", parse_duration),
+        "streaming_connection_idle_timeout": ("streaming_connection_idle_timeout", parse_duration),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)

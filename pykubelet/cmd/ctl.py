@@ -1,6 +1,6 @@
 """`pykubelet get|logs|describe|version`: look at a running agent through its read-only API;
 and the dispatcher of the verbs that work through a node's authenticated kubelet API
-(`exec_cmd.py`, `portforward_cmd.py`, `top_cmd.py`, over `nodeclient.py`).
+(`exec_cmd.py`, `attach_cmd.py`, `portforward_cmd.py`, `top_cmd.py`, over `nodeclient.py`).
 
 Tables and texts follow kubectl's, so what a Kubernetes user reads here looks familiar.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import urllib.error
 import urllib.parse
@@ -21,15 +22,17 @@ from typing import Any, NoReturn, TextIO
 import yaml
 
 from pykubelet import __version__
-from pykubelet.cmd import exec_cmd, portforward_cmd, top_cmd
+from pykubelet.cmd import attach_cmd, exec_cmd, portforward_cmd, top_cmd
 from pykubelet.cmd.nodeclient import CtlError, find_pod
+from pykubelet.common.options import parse_duration
+from pykubelet.runtime.logfiles import parse_time as record_time
 from pykubelet.server.present import age, human_duration, parse_time, pod_status_reason, restarts
 
 DEFAULT_SERVER = "http://127.0.0.1:10255"
-# The verbs over the kubelet API (--port), each a module: name -> (add_parser, run). An attach
-# verb goes here the same way (remote.py has its session) once the node serves /attach.
+# The verbs over the kubelet API (--port), each a module: name -> (add_parser, run).
 NODE_VERBS = {
     "exec": (exec_cmd.add_parser, exec_cmd.run),
+    "attach": (attach_cmd.add_parser, attach_cmd.run),
     "port-forward": (portforward_cmd.add_parser, portforward_cmd.run),
     "top": (top_cmd.add_parser, top_cmd.run),
 }
@@ -228,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-f", "--follow", action="store_true")
     logs.add_argument("-p", "--previous", action="store_true")
     logs.add_argument("--tail", type=int, default=None)
+    logs.add_argument("--limit-bytes", type=int, default=None)
+    logs.add_argument("--since", help="only lines newer than a relative duration like 5s, 2m or 3h")
+    logs.add_argument("--since-time", help="only lines at or after an RFC3339 time")
+    logs.add_argument(
+        "--timestamps", action="store_true", help="each line prefixed with its time (RFC3339)"
+    )
     _common(logs)
     describe = sub.add_parser("describe", help="show a pod in detail, with its events")
     describe.add_argument("resource", choices=["pod", "pods", "po"])
@@ -271,6 +280,7 @@ def _cmd_logs(ns: argparse.Namespace, out: TextIO) -> int:
         query["previous"] = "true"
     if ns.tail is not None:
         query["tailLines"] = str(ns.tail)
+    query.update(_log_query(ns))
     name = urllib.parse.quote(pod["metadata"]["name"])
     path = (
         f"/containerLogs/{urllib.parse.quote(ns.namespace)}/{name}/{urllib.parse.quote(container)}"
@@ -282,6 +292,35 @@ def _cmd_logs(ns: argparse.Namespace, out: TextIO) -> int:
             out.write(chunk.decode(errors="replace"))
             out.flush()
     return 0
+
+
+def _log_query(ns: argparse.Namespace) -> dict[str, str]:
+    """--limit-bytes, --since, --since-time and --timestamps as kubectl sends them (--since
+    rounded up to whole seconds), checked as kubectl checks them."""
+    query: dict[str, str] = {}
+    if ns.limit_bytes is not None:
+        if ns.limit_bytes < 1:
+            raise CtlError("--limit-bytes must be greater than 0")
+        query["limitBytes"] = str(ns.limit_bytes)
+    if ns.since is not None and ns.since_time is not None:
+        raise CtlError("at most one of `sinceTime` or `sinceSeconds` may be specified")
+    if ns.since is not None:
+        try:
+            seconds = parse_duration(ns.since)
+        except ValueError as e:
+            raise CtlError(f"--since: {e}") from None
+        if seconds <= 0:
+            raise CtlError("--since must be greater than 0")
+        query["sinceSeconds"] = str(math.ceil(seconds))
+    if ns.since_time is not None:
+        if record_time(ns.since_time.encode()) is None:
+            raise CtlError(
+                f"--since-time: {ns.since_time!r} is not an RFC3339 time (2006-01-02T15:04:05Z)"
+            )
+        query["sinceTime"] = ns.since_time
+    if ns.timestamps:
+        query["timestamps"] = "true"
+    return query
 
 
 def _cmd_describe(ns: argparse.Namespace, out: TextIO) -> int:

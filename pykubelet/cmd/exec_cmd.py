@@ -11,7 +11,7 @@ pod's container, through a node's kubelet API, as `kubectl exec` runs it.
 - The exit code is the command's; a failure of the command itself prints "command terminated
   with exit code N" on stderr, anything else `error: ...`, exit 1.
 
-The session is `remote.py`'s; an attach verb would be this module with `/attach/...` and no
+The session is `remote.py`'s; `attach_cmd.py` is the same on `/attach/...`, with no
 command.
 """
 

@@ -1,5 +1,5 @@
 """The client's end of the remote-command protocol over a WebSocket, as kubectl speaks it to a
-kubelet: what `pykubelet exec` runs (and what an attach verb would: the same session on
+kubelet: what `pykubelet exec` runs (and `pykubelet attach`: the same session on
 `/attach/...`).
 
 What it promises:

@@ -74,6 +74,9 @@ class Options:
     authorization_webhook_cache_authorized_ttl: float = 300.0
     authorization_webhook_cache_unauthorized_ttl: float = 30.0
     sync_frequency: float = 60.0
+    # Exec, attach and port-forward sessions with no frame either way for this long are closed
+    # (0: never).
+    streaming_connection_idle_timeout: float = 4 * 3600.0
     manifest_url: str | None = None
     manifest_url_headers: list[tuple[str, str]] = field(default_factory=list)
     http_check_frequency: float = 20.0
@@ -110,6 +113,9 @@ class Options:
             "address": self.address,
             "port": self.port,
             "readOnlyPort": self.read_only_port,
+            "streamingConnectionIdleTimeout": format_duration(
+                self.streaming_connection_idle_timeout
+            ),
             "tlsCertFile": str(self.tls_cert_file or ""),
             "tlsPrivateKeyFile": str(self.tls_private_key_file or ""),
             "tlsMinVersion": self.tls_min_version,
@@ -149,6 +155,8 @@ class Options:
         ):
             if value <= 0:
                 problems.append(f"{flag}: must be greater than 0")
+        if self.streaming_connection_idle_timeout < 0:
+            problems.append("--streaming-connection-idle-timeout: must not be negative")
         if self.max_pods < 1:
             problems.append("--max-pods: must be at least 1")
         for path in self.allowed_host_paths:

@@ -157,6 +157,29 @@ class RuntimeFailure(Exception):
     """The runtime failed an operation (not the container's fault)."""
 
 
+@dataclass(frozen=True)
+class LogTimes:
+    """What a log request asks of its records' times (the kubelet's `sinceSeconds`/`sinceTime`
+    and `timestamps`): records written before `since_ns` (Unix time in nanoseconds) are left
+    out; with `timestamps` each record is prefixed with its time (RFC3339Nano, fixed width, and
+    a space)."""
+
+    since_ns: int | None = None
+    timestamps: bool = False
+
+    @property
+    def any(self) -> bool:
+        return self.since_ns is not None or self.timestamps
+
+
+NO_LOG_TIMES = LogTimes()
+
+
+class LogUnsupported(Exception):
+    """A log request the runtime cannot answer truthfully; the message names the parameter
+    and the reason (answered 400)."""
+
+
 ChangeListener = Callable[[str], None]
 
 
@@ -315,14 +338,20 @@ class Runtime(Protocol):
         container: RuntimeContainer,
         tail_lines: int | None = None,
         limit_bytes: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> bytes:
-        """The container's stdout and stderr, interleaved as written."""
+        """The container's stdout and stderr, interleaved as written: the last `tail_lines`
+        lines, of those the ones `times` keeps, of that the first `limit_bytes` bytes (as the
+        kubelet applies them). LogUnsupported if `times` cannot be honoured."""
 
     def follow_log(
-        self, container: RuntimeContainer, tail_lines: int | None = None
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
         """The log so far (or its last `tail_lines` lines), then what is written, until the
-        container has exited and everything it wrote was yielded."""
+        container has exited and everything it wrote was yielded; `times` as in read_log."""
         ...
 
     async def exec_sync(

@@ -9,10 +9,12 @@ from typing import TypeVar
 from pykubelet.api.model import Pod
 from pykubelet.common import metrics
 from pykubelet.runtime.base import (
+    NO_LOG_TIMES,
     ChangeListener,
     ContainerConfig,
     ExecResult,
     ExecStream,
+    LogTimes,
     Runtime,
     RuntimeContainer,
     RuntimePod,
@@ -79,9 +81,10 @@ class InstrumentedRuntime:
         container: RuntimeContainer,
         tail_lines: int | None = None,
         limit_bytes: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> bytes:
         return await self._count(
-            "read_log", lambda: self.inner.read_log(container, tail_lines, limit_bytes)
+            "read_log", lambda: self.inner.read_log(container, tail_lines, limit_bytes, times)
         )
 
     async def exec_sync(
@@ -124,7 +127,10 @@ class InstrumentedRuntime:
         return await self._count("port_forward", lambda: self.inner.port_forward(pod_uid, port))
 
     def follow_log(
-        self, container: RuntimeContainer, tail_lines: int | None = None
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
         metrics.runtime_operations.labels("follow_log").inc()
-        return self.inner.follow_log(container, tail_lines)
+        return self.inner.follow_log(container, tail_lines, times)

@@ -18,6 +18,11 @@ What this module promises:
   still being written, after the last newline, waits for its newline).
 - `limitBytes` as the kubelet applies it: the beginning of what was selected is kept, the rest is
   cut off; a CRI log is decoded only as far as the limit needs.
+- `sinceSeconds`/`sinceTime` and `timestamps` (a `LogTimes`) apply to CRI logs as the kubelet
+  applies them: after the tail is found, each record older than `since` is left out, each kept
+  record (a P record too) is prefixed with its time in RFC3339Nano at fixed width; a record
+  whose time does not parse is left out then. `limitBytes` counts the prefixes. Plain logs
+  have no times: `plain_times` says when a request can still be answered exactly.
 - The results are those of reading the whole file into memory (the property tests in
   tests/unit/test_logfiles.py compare the two for random logs and block sizes).
 - A missing file reads as empty; other errors are raised (OSError).
@@ -28,10 +33,15 @@ imports no runtime backend.
 
 from __future__ import annotations
 
+import calendar
 import io
 import os
+import re
+import time
 from pathlib import Path
 from typing import IO
+
+from pykubelet.runtime.base import NO_LOG_TIMES, LogTimes, LogUnsupported
 
 BLOCK_SIZE = 64 * 1024
 # The most `read_from` returns at once: a follower catching up never holds a whole file.
@@ -106,6 +116,29 @@ def read_from(path: Path, offset: int, max_bytes: int = FOLLOW_CHUNK) -> bytes:
         return b""
 
 
+def plain_times(times: LogTimes, first_ns: int, last_ns: int, now_ns: int) -> bool:
+    """Whether a plain log whose lines were all written between `first_ns` and `last_ns` is
+    kept whole (True) or left out whole (False) by `times`, what follows it being written after
+    `now_ns`. A plain log has no time per line: LogUnsupported, naming the parameter, when its
+    lines would have to be told apart, or for `timestamps`."""
+    if times.timestamps:
+        raise LogUnsupported(
+            "timestamps: this runtime's log is the bytes the container wrote, without the time "
+            "of each line"
+        )
+    since = times.since_ns
+    if since is None or since <= first_ns:
+        return True
+    if since > last_ns and since <= now_ns:
+        return False
+    raise LogUnsupported(
+        f"sinceSeconds/sinceTime: this runtime's log has no time per line; its lines were "
+        f"written between {format_time(first_ns).decode()} and {format_time(last_ns).decode()}, "
+        f"so only a time before the first or after the last (and not in the future) can be "
+        f"answered exactly, not {format_time(since).decode()}"
+    )
+
+
 # --- CRI logs -----------------------------------------------------------------------------------
 
 
@@ -113,8 +146,9 @@ class CriLogDecoder:
     """Records as the bytes the container wrote. Fed chunks as they are read: a record may be
     split anywhere across chunks; an incomplete last record waits for the rest."""
 
-    def __init__(self) -> None:
+    def __init__(self, times: LogTimes = NO_LOG_TIMES) -> None:
         self._buf = bytearray()
+        self._times = times
 
     def feed(self, data: bytes) -> bytes:
         self._buf += data
@@ -123,12 +157,13 @@ class CriLogDecoder:
             return b""
         complete = bytes(self._buf[: end + 1])
         del self._buf[: end + 1]
-        return decode_records(complete)
+        return decode_records(complete, self._times)
 
 
-def decode_records(data: bytes) -> bytes:
+def decode_records(data: bytes, times: LogTimes = NO_LOG_TIMES) -> bytes:
     """Whole records (each ending with a newline) as the payload bytes; malformed ones are
-    skipped, as the kubelet skips them."""
+    skipped, as the kubelet skips them. With `times`, records older than its `since_ns` are
+    left out and, with `timestamps`, each is prefixed with its time."""
     out = bytearray()
     for record in data.split(b"\n"):
         if not record:
@@ -136,11 +171,56 @@ def decode_records(data: bytes) -> bytes:
         parts = record.split(b" ", 3)
         if len(parts) < 3 or parts[1] not in (b"stdout", b"stderr"):
             continue
+        if times.any:
+            parsed = parse_time(parts[0])
+            if parsed is None or (times.since_ns is not None and parsed[0] < times.since_ns):
+                continue
+            if times.timestamps:
+                out += parsed[1] + b" "
         payload = parts[3] if len(parts) == 4 else b""
         out += payload
         if parts[2] != b"P":
             out += b"\n"
     return bytes(out)
+
+
+# What the kubelet parses a record's time with (RFC3339Nano, the fraction optional).
+_TIME = re.compile(
+    rb"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(?:Z|([+-])(\d\d):(\d\d))"
+)
+
+
+def parse_time(raw: bytes) -> tuple[int, bytes] | None:
+    """A record's time: (Unix nanoseconds, the time as the kubelet prints it: RFC3339Nano with
+    nine digits, in the record's own offset, `Z` for UTC), or None if it is no such time."""
+    m = _TIME.fullmatch(raw)
+    if m is None:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
+    if not (1 <= month <= 12 and 1 <= day <= calendar.monthrange(year, month)[1]):
+        return None
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    fraction = (m.group(7) or b"").ljust(9, b"0")
+    offset = 0
+    zone = b"Z"
+    if m.group(8):
+        oh, om = int(m.group(9)), int(m.group(10))
+        if oh > 23 or om > 59:
+            return None
+        offset = (oh * 60 + om) * 60 * (1 if m.group(8) == b"+" else -1)
+        if offset:
+            zone = m.group(8) + m.group(9) + b":" + m.group(10)
+    seconds = calendar.timegm((year, month, day, hour, minute, second, 0, 0, 0)) - offset
+    shown = raw[:19] + b"." + fraction + zone
+    return seconds * 1_000_000_000 + int(fraction), shown
+
+
+def format_time(ns: int) -> bytes:
+    """Unix nanoseconds as the kubelet prints a time in UTC (RFC3339Nano, nine digits)."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    t = time.gmtime(seconds)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', t)}.{fraction:09d}Z".encode()
 
 
 def tail_start(data: bytes, lines: int) -> int:
@@ -230,12 +310,12 @@ def _whole_records_end(f: IO[bytes], block_size: int) -> int:
 
 
 def _decode_range(
-    f: IO[bytes], start: int, end: int, limit_bytes: int | None, block_size: int
+    f: IO[bytes], start: int, end: int, limit_bytes: int | None, times: LogTimes, block_size: int
 ) -> bytes:
     """The records in [start, end) decoded, a block at a time, stopping once `limit_bytes` of
     output are there."""
     out = bytearray()
-    decoder = CriLogDecoder()
+    decoder = CriLogDecoder(times)
     pos = start
     while pos < end and (limit_bytes is None or len(out) < limit_bytes):
         f.seek(pos)
@@ -248,10 +328,15 @@ def _decode_range(
 
 
 def read_cri_log(
-    path: Path, tail_lines: int | None, limit_bytes: int | None, *, block_size: int = BLOCK_SIZE
+    path: Path,
+    tail_lines: int | None,
+    limit_bytes: int | None,
+    times: LogTimes = NO_LOG_TIMES,
+    *,
+    block_size: int = BLOCK_SIZE,
 ) -> bytes:
     """What the container wrote, from a CRI log: its last `tail_lines` lines (all if None), of
-    which the first `limit_bytes` bytes (all if None)."""
+    those the records `times` keeps, of that the first `limit_bytes` bytes (all if None)."""
     try:
         f = path.open("rb")
     except FileNotFoundError:
@@ -259,11 +344,15 @@ def read_cri_log(
     with f:
         end = _whole_records_end(f, block_size)
         start = 0 if tail_lines is None else cri_tail_offset(f, tail_lines, end, block_size)
-        return _decode_range(f, start, end, limit_bytes, block_size)
+        return _decode_range(f, start, end, limit_bytes, times, block_size)
 
 
 def read_cri_tail(
-    path: Path, tail_lines: int | None, *, block_size: int = BLOCK_SIZE
+    path: Path,
+    tail_lines: int | None,
+    times: LogTimes = NO_LOG_TIMES,
+    *,
+    block_size: int = BLOCK_SIZE,
 ) -> tuple[bytes, int]:
     """Where following a CRI log starts: its last `tail_lines` lines (all if None), decoded,
     and the offset just after the whole records read, from which a `CriLogDecoder` fed with
@@ -275,4 +364,4 @@ def read_cri_tail(
     with f:
         end = _whole_records_end(f, block_size)
         start = 0 if tail_lines is None else cri_tail_offset(f, tail_lines, end, block_size)
-        return _decode_range(f, start, end, None, block_size), end
+        return _decode_range(f, start, end, None, times, block_size), end

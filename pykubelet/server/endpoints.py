@@ -5,18 +5,20 @@ own routes and its authentication are in `secure.py`.
 GET /                                       a status page for people (HTML)
 GET /pods                                   v1 PodList of this node's pods with live status
 GET /healthz                                ok
-GET /containerLogs/{namespace}/{pod}/{c}    a container's log
-                                            (tailLines, limitBytes, previous, follow)
+GET /containerLogs/{namespace}/{pod}/{c}    a container's log (tailLines, limitBytes, previous,
+                                            follow, sinceSeconds or sinceTime, timestamps)
 GET /events                                 v1 EventList of recent events
 GET /metrics                                Prometheus metrics
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -26,7 +28,8 @@ from aiohttp import web
 from pykubelet.api.model import Pod, PodStatus
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder
-from pykubelet.runtime.base import Runtime, RuntimeContainer
+from pykubelet.runtime.base import LogTimes, LogUnsupported, Runtime, RuntimeContainer
+from pykubelet.runtime.logfiles import parse_time
 from pykubelet.server import status_page
 from pykubelet.server.errors import status_response
 
@@ -64,6 +67,33 @@ def _int_param(request: web.Request, name: str) -> int | None:
     if value < 0:
         raise web.HTTPBadRequest(text=f"{name}: must be >= 0\n")
     return value
+
+
+class InvalidLogOptions(Exception):
+    """Log options that decode but are not valid together (the kubelet answers 422)."""
+
+
+def _log_times(request: web.Request) -> LogTimes:
+    """sinceSeconds / sinceTime (RFC3339) / timestamps, validated as the API server's
+    PodLogOptions are: at most one of the two since parameters, sinceSeconds at least 1."""
+    since_seconds = _int_param(request, "sinceSeconds")
+    raw_time = request.query.get("sinceTime") or None
+    since_ns: int | None = None
+    if raw_time is not None:
+        parsed = parse_time(raw_time.encode())
+        if parsed is None:
+            raise web.HTTPBadRequest(
+                text=f"sinceTime: must be an RFC3339 time (2006-01-02T15:04:05Z), got "
+                f"{raw_time!r}\n"
+            )
+        since_ns = parsed[0]
+    if since_seconds is not None:
+        if raw_time is not None:
+            raise InvalidLogOptions("at most one of `sinceTime` or `sinceSeconds` may be specified")
+        if since_seconds < 1:
+            raise InvalidLogOptions("sinceSeconds: Invalid value: must be greater than 0")
+        since_ns = time.time_ns() - since_seconds * 1_000_000_000
+    return LogTimes(since_ns=since_ns, timestamps=_bool_param(request, "timestamps"))
 
 
 def _bool_param(request: web.Request, name: str) -> bool:
@@ -122,6 +152,10 @@ def add_node_routes(app: web.Application, node: NodeView) -> None:
         limit_bytes = _int_param(request, "limitBytes")
         previous = _bool_param(request, "previous")
         follow = _bool_param(request, "follow")
+        try:
+            times = _log_times(request)
+        except InvalidLogOptions as e:
+            return status_response(422, "Invalid", f"PodLogOptions is invalid: {e}")
         pod = node.find_pod(namespace, pod_name)
         if pod is None:
             return status_response(404, "NotFound", f'pod "{namespace}/{pod_name}" not found')
@@ -145,9 +179,12 @@ def add_node_routes(app: web.Application, node: NodeView) -> None:
                 f'container "{container_name}" in pod "{namespace}/{pod_name}" has no {which} '
                 "instance yet",
             )
-        if follow:
-            return await _stream_log(request, node.runtime, history[-1], tail_lines)
-        data = await node.runtime.read_log(history[-1], tail_lines, limit_bytes)
+        try:
+            if follow:
+                return await _stream_log(request, node.runtime, history[-1], tail_lines, times)
+            data = await node.runtime.read_log(history[-1], tail_lines, limit_bytes, times)
+        except LogUnsupported as e:
+            return status_response(400, "BadRequest", f'container "{container_name}": {e}')
         return web.Response(body=data, content_type="text/plain", charset="utf-8")
 
     async def metrics_view(request: web.Request) -> web.Response:
@@ -206,17 +243,38 @@ def build_app(
 
 
 async def _stream_log(
-    request: web.Request, runtime: Runtime, container: RuntimeContainer, tail_lines: int | None
+    request: web.Request,
+    runtime: Runtime,
+    container: RuntimeContainer,
+    tail_lines: int | None,
+    times: LogTimes,
 ) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
-    await response.prepare(request)
-    async with contextlib.aclosing(runtime.follow_log(container, tail_lines)) as chunks:
+    chunks = runtime.follow_log(container, tail_lines, times)
+    async with contextlib.aclosing(chunks):
+        # The head is waited for a moment before the headers go, so that options the runtime
+        # refuses (LogUnsupported, raised before its first chunk) are answered with the error.
+        first = asyncio.ensure_future(anext(chunks, b""))
+        try:
+            await asyncio.wait({first}, timeout=HEAD_WAIT_SECONDS)
+            if first.done():
+                first.result()
+            await response.prepare(request)
+            head = await first
+        finally:
+            if not first.done():
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)
+        if head:
+            await response.write(head)
         async for chunk in chunks:
             await response.write(chunk)
     await response.write_eof()
     return response
 
 
+# How long a follower's first chunk is waited for before its headers are sent anyway.
+HEAD_WAIT_SECONDS = 1.0
 SHUTDOWN_SECONDS = 2.0
 
 

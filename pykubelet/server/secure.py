@@ -7,7 +7,7 @@ GET /pods, /pods/                        v1 PodList of this node's pods with liv
 GET /runningpods/                        v1 PodList of the pods and containers running
 GET /healthz                             ok
 GET /containerLogs/{ns}/{pod}/{c}        a container's log (tailLines, limitBytes, previous,
-                                         follow)
+                                         follow, sinceSeconds/sinceTime, timestamps)
 GET /configz                             {"kubeletconfig": ...}: the configuration in effect
 GET /metrics                             Prometheus metrics
 GET|POST /exec/{ns}/{pod}/[{uid}/]{c}    a command in the container (streaming/: WebSocket or
@@ -16,6 +16,9 @@ GET|POST /attach/{ns}/{pod}/[{uid}/]{c}  the container's own stdio (the same pro
 GET|POST /portForward/{ns}/{pod}[/{uid}] TCP connections to the pod's ports (streaming/
                                          portforward.py: SPDY, SPDY in a WebSocket, channels)
 GET /metrics/resource, /stats/summary    usage, from stats/ (server/stats.py)
+
+Exec, attach and port-forward sessions are closed after `streaming_idle_timeout` without a
+frame either way (the kubelet's streamingConnectionIdleTimeout).
 
 /run and the other /stats paths are not served yet: they answer 501 with a Status
 naming what is missing, never a silent 404.
@@ -93,7 +96,12 @@ def build_secure_app(
     authorizer: Authorizer,
     configz: Callable[[], Obj],
     on_request: Callable[[str, str, int], None] | None = None,
+    *,
+    streaming_idle_timeout: float | None,
 ) -> web.Application:
+    """`streaming_idle_timeout`: the kubelet's streamingConnectionIdleTimeout, for every exec,
+    attach and port-forward session (None or 0: never)."""
+
     async def running_pods(request: web.Request) -> web.Response:
         items = []
         for runtime_pod in await node.runtime.list_pods():
@@ -147,6 +155,7 @@ def build_secure_app(
                 container, opts.command, env, stdin=opts.stdin, tty=opts.tty
             ),
             opts,
+            streaming_idle_timeout,
         )
 
     async def attach(request: web.Request) -> web.StreamResponse:
@@ -167,6 +176,7 @@ def build_secure_app(
             container,
             lambda: node.runtime.attach(container, stdin=opts.stdin, tty=opts.tty),
             opts,
+            streaming_idle_timeout,
         )
 
     async def port_forward(request: web.Request) -> web.StreamResponse:
@@ -189,6 +199,7 @@ def build_secure_app(
             request,
             lambda port: node.runtime.port_forward(pod_uid, port),
             ports,
+            idle_timeout=streaming_idle_timeout,
             pod=f"{name}_{namespace}",  # the kubelet's full name of the pod
             uid=pod_uid,
         )

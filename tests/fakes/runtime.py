@@ -50,18 +50,22 @@ import inspect
 import itertools
 import logging
 import socket
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pykubelet.api.model import Pod
+from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import (
     MAX_EXEC_OUTPUT,
+    NO_LOG_TIMES,
     STDOUT,
     ChangeListener,
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    LogTimes,
     Runtime,
     RuntimeContainer,
     RuntimeFailure,
@@ -182,6 +186,7 @@ class _Container:
     reason: str | None = None
     message: str | None = None
     log: bytearray = field(default_factory=bytearray)
+    last_write_ns: int = 0  # when `log` was last written to (Unix ns): a file's mtime
     removed: bool = False
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     execs: list[FakeExecStream] = field(default_factory=list)  # exec streams that may run
@@ -499,6 +504,7 @@ class FakeRuntime:
         if rec is None:
             raise LookupError(f"pod {pod_uid} has no container {name}")
         rec.log += data
+        rec.last_write_ns = time.time_ns()
         rec.wake()
 
     def containers(self, pod_uid: str, name: str | None = None) -> list[RuntimeContainer]:
@@ -611,6 +617,8 @@ class FakeRuntime:
             pid=next(self._pids),
         )
         rec.log += behaviour.output
+        if behaviour.output:
+            rec.last_write_ns = time.time_ns()
         state.containers[rec.id] = rec
         started = rec.view()
         self._notify(pod.uid)
@@ -670,22 +678,29 @@ class FakeRuntime:
         container: RuntimeContainer,
         tail_lines: int | None = None,
         limit_bytes: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> bytes:
         await self._enter("read_log", container.pod_uid, container.name)
         rec = self._record(container)
         if rec is None:
             return b""
+        if times.any and not _plain_times(times, rec):
+            return b""
         data = tail(bytes(rec.log), tail_lines)
         return data if limit_bytes is None else data[: max(limit_bytes, 0)]
 
     async def follow_log(
-        self, container: RuntimeContainer, tail_lines: int | None = None
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
         await self._enter("follow_log", container.pod_uid, container.name)
         rec = self._record(container)
         if rec is None:
             return
-        head = tail(bytes(rec.log), tail_lines)
+        whole = not times.any or _plain_times(times, rec)
+        head = tail(bytes(rec.log), tail_lines) if whole else b""
         offset = len(rec.log)
         if head:
             yield head
@@ -887,3 +902,9 @@ _: type[Runtime] = FakeRuntime
 async def _until_exit(stream: FakeExecStream) -> None:
     """An attach to a container that writes nothing: it lasts until the container exits."""
     await stream._exited.wait()
+
+
+def _plain_times(times: LogTimes, rec: _Container) -> bool:
+    """As the process runtime's plain log answers `times`: all of it or none (logfiles)."""
+    created = (rec.created_at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    return logfiles.plain_times(times, created * 1000, rec.last_write_ns, time.time_ns())

@@ -155,6 +155,127 @@ def test_exec_with_a_terminal(node: tuple[Agent, list[str]]) -> None:
     assert after == before  # the terminal as it was: cooked, echoing
 
 
+def stdio_pod(manifests: Path, name: str, script: str, **stdio: bool) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox:test",
+                    "command": ["/bin/sh", "-c", script],
+                    **stdio,
+                }
+            ],
+        },
+    }
+    write_pod(manifests, name, json.dumps(pod))  # JSON is YAML
+
+
+def test_attach_to_a_container_with_stdin(
+    start_agent: Callable[..., Agent], manifests: Path
+) -> None:
+    """`attach -i`: the container's output from then on, our stdin to its stdin; with
+    `stdinOnce` its stdin closes with our end of input, it exits and the attach ends, exit 0.
+    `-t` for a container without a terminal says so and goes on without."""
+    reader = 'echo started; while read -r line; do echo "got $line"; done; echo "stdin closed"'
+    stdio_pod(manifests, "reader", reader, stdin=True, stdinOnce=True)
+    stdio_pod(manifests, "talker", "while true; do echo tick; sleep 0.2; done")
+    agent = start_agent("--anonymous-auth")
+    flags = ["--server", agent.secure_url, "--insecure-skip-tls-verify"]
+    wait_for("both running", lambda: running(agent, "reader") and running(agent, "talker"))
+    wait_for("reader started", lambda: agent.logs("reader", "main") == "started\n" or None)
+
+    result = pykubelet("attach", "-i", "reader", *flags, stdin=b"one\ntwo\n")
+    assert result.returncode == 0, result
+    assert result.stdout == b"got one\ngot two\nstdin closed\n", result
+    assert result.stderr == b"If you don't see a command prompt, try pressing enter.\n"
+    assert "attach in container main of pod default/reader-testnode over WebSocket" in agent.log()
+
+    # Without -i, the output only; Ctrl-C (SIGINT) detaches with 130, the container runs on.
+    # -t for a container without a terminal: said, and the attach goes on without one.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pykubelet", "attach", "-t", "talker", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline() == b"tick\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT) == 130
+        assert proc.stderr.read() == (
+            b"error: Unable to use a TTY - container main did not allocate one\n"
+            b"If you don't see a command prompt, try pressing enter.\n"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert running(agent, "talker")
+
+    gone = pykubelet("attach", "nope", *flags)
+    assert (gone.returncode, gone.stderr) == (
+        1,
+        b'error: pod "nope" not found in namespace "default"\n',
+    )
+
+
+def test_attach_with_a_terminal(start_agent: Callable[..., Agent], manifests: Path) -> None:
+    """`attach -it` to a container with `tty: true`, under a pty: raw keys reach the
+    container's terminal (of our size), Ctrl-C too (its shell dies of SIGINT, the attach ends,
+    exit 0, with how to resume); our terminal is restored."""
+    script = 'while read -r line; do echo "[$line] $(stty size)"; done'
+    stdio_pod(manifests, "term", script, stdin=True, tty=True)
+    agent = start_agent("--anonymous-auth")
+    flags = ["--server", agent.secure_url, "--insecure-skip-tls-verify"]
+    wait_for("term running", lambda: running(agent, "term"))
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 111, 0, 0))
+    before = termios.tcgetattr(slave)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pykubelet", "attach", "-it", "term", *flags],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    output = b""
+    stage = 0
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                output += os.read(master, 4096)
+            if stage == 0 and b"try pressing enter" in output:
+                time.sleep(0.3)
+                os.write(master, b"hello\r")
+                stage = 1
+            elif stage == 1 and b"[hello] 33 111" in output:
+                os.write(master, b"\x03")  # Ctrl-C, raw: for the container's terminal
+                stage = 2
+        assert proc.wait(timeout=10) == 0, output
+        while select.select([master], [], [], 0.2)[0]:
+            try:
+                output += os.read(master, 4096)
+            except OSError:
+                break
+        after = termios.tcgetattr(slave)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+        os.close(slave)
+    text = output.decode(errors="replace").replace("\r\n", "\n")
+    assert stage == 2, text
+    assert "Session ended, resume using 'pykubelet attach term-testnode -c main -i -t'" in text
+    assert after == before
+
+
 def test_port_forward_two_ports_many_connections(
     start_agent: Callable[..., Agent], manifests: Path
 ) -> None:

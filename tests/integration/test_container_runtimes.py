@@ -9,6 +9,7 @@ below."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +341,37 @@ TALK_END = {
 }
 
 
+TIMESTAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z"
+
+
+def _since_and_timestamps(agent: Agent, backend: Backend, expected: str) -> None:
+    """`timestamps` prefixes each record with its time (fixed nine digits; Podman 4.3 keeps
+    whole seconds only), partial records too; `sinceTime`/`sinceSeconds` leave out the older
+    records."""
+    stamped = agent.logs("talk", "main", "?timestamps=true")
+    lines = stamped.splitlines(keepends=True)
+    assert all(re.match(TIMESTAMP + " ", line) for line in lines), stamped[:300]
+    assert re.sub(TIMESTAMP + " ", "", stamped) == expected
+    times = re.findall(TIMESTAMP, stamped)
+    first = datetime.fromisoformat(times[0])
+    assert abs((datetime.now(UTC) - first).total_seconds()) < 120, times
+    if backend.name == "remote":
+        # The records' own times, to the nanosecond: since that of "two" keeps it and what follows.
+        assert agent.logs("talk", "main", f"?sinceTime={times[1]}") == expected[len("one\n") :]
+    assert agent.logs("talk", "main", "?sinceSeconds=3600") == expected
+    assert agent.logs("talk", "main", "?tailLines=1&timestamps=true") == lines[-1]
+    # Once the last record is a few seconds old, a second's worth is nothing (tail or not).
+    last = datetime.fromisoformat(times[-1])
+    wait_for("the log a few seconds old", lambda: datetime.now(UTC) > last + timedelta(seconds=3))
+    assert agent.logs("talk", "main", "?sinceSeconds=1") == ""
+    assert agent.logs("talk", "main", "?sinceSeconds=1&tailLines=2") == ""
+    status, body = agent.get(
+        f"/containerLogs/default/talk-{NODE}/main?sinceSeconds=5&sinceTime={times[0]}"
+    )
+    assert status == 422, body
+    assert b"at most one of `sinceTime` or `sinceSeconds` may be specified" in body
+
+
 @each_runtime
 def test_logs_come_from_the_runtime(
     start_agent: Callable[..., Agent], manifests: Path, tmp_path: Path, backend: Backend
@@ -363,6 +396,7 @@ def test_logs_come_from_the_runtime(
         assert b" stdout P " in (_pod_logs(tmp_path, pod) / "main" / "0.log").read_bytes()
     assert agent.logs("talk", "main", "?tailLines=1") == last_output
     assert agent.logs("talk", "main", "?limitBytes=6") == "one\ntw"
+    _since_and_timestamps(agent, backend, expected)
 
     # A followed log ends once the container has exited.
     wait_for("brief started", lambda: container_state(agent.pod("brief"))["containerID"])

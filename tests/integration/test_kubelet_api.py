@@ -12,6 +12,7 @@ import fcntl
 import http.client
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -22,6 +23,7 @@ import termios
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,7 @@ import pytest
 
 from tests.fixtures.apiserver import ApiServer
 from tests.fixtures.apiserver.pki import make_ca, make_client_cert, write_pem
-from tests.integration.agent import Agent, wait_for
+from tests.integration.agent import Agent, Backend, wait_for
 from tests.integration.kubelet_node import https_apiserver, start_kubelet_node
 from tests.integration.test_cluster import KubeClient, pod_body, running_in_api
 
@@ -123,6 +125,22 @@ def test_kubectl_logs_reach_the_node_through_the_api_server(
     assert limited.returncode == 0, limited.stderr
     assert limited.stdout == "line 1\n"
 
+    # The process runtime's log is plain bytes: --since is answered where it keeps all of it
+    # (the container started within the hour) ...
+    recent = kubectl(kubeconfig, "logs", "talker", "--since=1h")
+    assert recent.returncode == 0, recent.stderr
+    assert recent.stdout.startswith("line 1\nline 2\nline 3\n"), recent.stdout[:200]
+    # ... and refused, saying why, where lines would have to be told apart or stamped.
+    stamped = kubectl(kubeconfig, "logs", "talker", "--timestamps")
+    assert stamped.returncode != 0
+    assert "timestamps: this runtime's log is the bytes the container wrote" in stamped.stderr
+    # Once the container is older than a second (until then all of its log is that recent):
+    chatty = wait_for(
+        "--since=1s refused",
+        lambda: (r := kubectl(kubeconfig, "logs", "talker", "--since=1s")).returncode != 0 and r,
+    )
+    assert "sinceSeconds/sinceTime: this runtime's log has no time per line" in chatty.stderr
+
     # -f streams what the container writes after it started.
     assert KUBECTL is not None
     follow = subprocess.Popen(
@@ -167,6 +185,47 @@ def test_kubectl_logs_reach_the_node_through_the_api_server(
     assert agent.secure_url.endswith(f":{port}")
     addresses = {a["type"]: a["address"] for a in status["addresses"]}
     assert addresses == {"InternalIP": "127.0.0.1", "Hostname": socket.gethostname()}
+
+
+TIMESTAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z"
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("remote", marks=pytest.mark.cri),
+    ],
+    indirect=True,
+)
+def test_kubectl_logs_since_and_timestamps_on_the_container_runtimes(
+    apiserver: ApiServer, start_agent: Callable[..., Agent], tmp_path: Path, backend: Backend
+) -> None:
+    """Their logs have each record's time: `kubectl logs --timestamps`, `--since-time` (whole
+    seconds, as kubectl sends it) and `--since` leave out what is older, as on a kubelet."""
+    _, client, kubeconfig = start_kubelet_node(
+        apiserver, start_agent, tmp_path, NODE, *backend.flags
+    )
+    trap = 'trap "exit 0" TERM; while :; do sleep 1 & wait; done'
+    client.create_pod(pod_body("stamps", NODE, f"echo early; sleep 3; echo late; {trap}", grace=2))
+    wait_for("the pod running", lambda: running_in_api(client, "stamps"), timeout=60)
+    wait_for(
+        "both lines",
+        lambda: kubectl(kubeconfig, "logs", "stamps").stdout == "early\nlate\n" or None,
+        timeout=30,
+    )
+    stamped = kubectl(kubeconfig, "logs", "stamps", "--timestamps")
+    assert stamped.returncode == 0, stamped.stderr
+    found = re.fullmatch(f"({TIMESTAMP}) early\n({TIMESTAMP}) late\n", stamped.stdout)
+    assert found, stamped.stdout
+    late = datetime.fromisoformat(found[2])
+    whole_second = late.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+    since_time = kubectl(kubeconfig, "logs", "stamps", f"--since-time={whole_second}")
+    assert (since_time.returncode, since_time.stdout) == (0, "late\n"), since_time.stderr
+    assert kubectl(kubeconfig, "logs", "stamps", "--since=1h").stdout == "early\nlate\n"
+    wait_for("the last line 3 s old", lambda: datetime.now(UTC) > late + timedelta(seconds=3))
+    recent = kubectl(kubeconfig, "logs", "stamps", "--since=2s")
+    assert (recent.returncode, recent.stdout) == (0, ""), recent.stderr
 
 
 def test_the_kubelet_api_authenticates_and_authorizes_every_request(

@@ -109,6 +109,14 @@ def test_cli_get_describe_logs(start_agent, manifests: Path) -> None:  # type: i
     logs = ctl(agent, "logs", "web")
     assert logs.stdout == "line1\nline2\n"
     assert ctl(agent, "logs", f"web-{NODE}", "-c", "main", "--tail", "1").stdout == "line2\n"
+    # The process runtime's log has no time per line: --since keeps all of it or none of it.
+    assert ctl(agent, "logs", "web", "--since", "1h").stdout == "line1\nline2\n"
+    long_ago = ctl(agent, "logs", "web", "--since-time", "2000-01-01T00:00:00Z")
+    assert long_ago.stdout == "line1\nline2\n", long_ago.stderr
+    stamped = ctl(agent, "logs", "web", "--timestamps")
+    assert stamped.returncode == 1 and "timestamps: this runtime's log" in stamped.stderr
+    both = ctl(agent, "logs", "web", "--since", "1h", "--since-time", "2000-01-01T00:00:00Z")
+    assert both.returncode == 1 and "at most one of `sinceTime` or `sinceSeconds`" in both.stderr
 
     missing = ctl(agent, "logs", "nope")
     assert missing.returncode == 1 and 'pod "nope" not found' in missing.stderr

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from pykubelet.cmd import ctl
+from pykubelet.cmd.attach_cmd import attach_path, wants_tty
 from pykubelet.cmd.exec_cmd import choose_container, exec_path
 from pykubelet.cmd.nodeclient import (
     DEFAULT_NODE_SERVER,
@@ -358,6 +359,56 @@ def test_exec_path_is_what_the_api_server_forwards() -> None:
     )
     tty = exec_path("default", "web", "main", ["sh"], stdin=True, tty=True)
     assert tty.endswith("?command=sh&input=1&output=1&tty=1")  # a terminal has no stderr
+
+
+def test_attach_path_is_what_the_api_server_forwards() -> None:
+    path = attach_path("default", "web-node", "main", stdin=True, tty=False)
+    assert path == "/attach/default/web-node/main?input=1&output=1&error=1"
+    assert attach_path("ns", "p", "c", stdin=False, tty=True) == "/attach/ns/p/c?output=1&tty=1"
+
+
+def test_attach_takes_the_terminal_from_the_containers_spec(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # As kubectl attach: -t for a container without one is said and dropped; a container with
+    # one gets it without -t.
+    assert wants_tty(True, {"name": "main"}, quiet=False) is False
+    assert capsys.readouterr().err == (
+        "error: Unable to use a TTY - container main did not allocate one\n"
+    )
+    assert wants_tty(True, {"name": "main"}, quiet=True) is False
+    assert capsys.readouterr().err == ""
+    assert wants_tty(False, {"name": "main", "tty": True}, quiet=False) is True
+    assert parse("attach", "web", "-it", "-c", "main", "-q").tty is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "query"),
+    [
+        ([], {}),
+        (["--since", "90s", "--timestamps"], {"sinceSeconds": "90", "timestamps": "true"}),
+        (["--since", "1500ms"], {"sinceSeconds": "2"}),  # kubectl rounds up to whole seconds
+        (["--since-time", "2027-01-01T00:00:00Z"], {"sinceTime": "2027-01-01T00:00:00Z"}),
+        (["--limit-bytes", "10"], {"limitBytes": "10"}),
+    ],
+)
+def test_logs_flags_are_kubectls(argv: list[str], query: dict[str, str]) -> None:
+    assert ctl._log_query(parse("logs", "web", *argv)) == query
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--since", "1h", "--since-time", "2027-01-01T00:00:00Z"], "at most one of"),
+        (["--since", "0s"], "--since must be greater than 0"),
+        (["--since", "soon"], "--since: invalid duration"),
+        (["--since-time", "yesterday"], "--since-time: 'yesterday' is not an RFC3339 time"),
+        (["--limit-bytes", "0"], "--limit-bytes must be greater than 0"),
+    ],
+)
+def test_bad_logs_flags_are_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(CtlError, match=message):
+        ctl._log_query(parse("logs", "web", *argv))
 
 
 def test_default_container(capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,6 +25,7 @@ def test_round_trip_to_options(tmp_path: Path) -> None:
                 "fileCheckFrequency": "5s",
                 "httpCheckFrequency": "1m",
                 "syncFrequency": "30s",
+                "streamingConnectionIdleTimeout": "30m",
                 "address": "0.0.0.0",
                 "readOnlyPort": 10266,
                 "maxPods": 50,
@@ -49,6 +50,7 @@ def test_round_trip_to_options(tmp_path: Path) -> None:
     assert (opts.address, opts.read_only_port, opts.max_pods) == ("0.0.0.0", 10266, 50)
     assert (opts.log_format, opts.verbosity) == ("logfmt", 4)
     assert opts.pod_max_pids == 20
+    assert opts.streaming_connection_idle_timeout == 1800
 
 
 def test_flags_win(tmp_path: Path) -> None:

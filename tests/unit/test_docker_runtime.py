@@ -239,6 +239,21 @@ def test_log_demuxer_handles_frames_split_anywhere() -> None:
     assert LogDemuxer().feed(b"plain text") == b"plain text"  # a TTY's log is not framed
 
 
+def test_log_demuxer_rewrites_each_frames_time_as_the_kubelet_prints_it() -> None:
+    raw = (
+        _frame(1, b"2026-12-03T15:09:19Z part")  # Podman 4.3: whole seconds
+        + _frame(2, b"2026-12-03T15:09:20.2284595Z three\n")  # Docker: RFC3339Nano, trimmed
+        + _frame(1, b"no time here\n")
+    )
+    for cut in range(len(raw) + 1):
+        demux = LogDemuxer(retime=True)
+        assert demux.feed(raw[:cut]) + demux.feed(raw[cut:]) == (
+            b"2026-12-03T15:09:19.000000000Z part"
+            b"2026-12-03T15:09:20.228459500Z three\n"
+            b"no time here\n"
+        )
+
+
 def test_tail_offset() -> None:
     data = b"a\nb\nc\n"
     assert data[tail_offset(data, 1) :] == b"c\n"

@@ -19,6 +19,8 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    LogTimes,
+    LogUnsupported,
     Runtime,
     RuntimeContainer,
     RuntimeFailure,
@@ -126,6 +128,14 @@ async def test_a_container_runs_exits_and_keeps_its_log(subject: Subject) -> Non
     assert await runtime.read_log(done, tail_lines=9) == b"one\ntwo\nthree\n"
     assert await runtime.read_log(done, tail_lines=2, limit_bytes=5) == b"two\nt"
     assert [c async for c in runtime.follow_log(done, tail_lines=1)] == [b"three\n"]
+    # A plain log has no time per line: since keeps all of it or none, timestamps are refused.
+    assert await runtime.read_log(done, times=LogTimes(since_ns=0)) == b"one\ntwo\nthree\n"
+    assert await runtime.read_log(done, times=LogTimes(since_ns=time.time_ns())) == b""
+    assert [
+        c async for c in runtime.follow_log(done, times=LogTimes(since_ns=time.time_ns()))
+    ] == []
+    with pytest.raises(LogUnsupported, match=r"^timestamps: "):
+        await runtime.read_log(done, times=LogTimes(timestamps=True))
 
     listed = await runtime.list_pods()
     assert [(p.uid, [c.id for c in p.containers]) for p in listed] == [(pod.uid, [done.id])]

@@ -11,6 +11,8 @@ import io
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pykubelet.runtime import logfiles
+from pykubelet.runtime.base import LogTimes, LogUnsupported
 from pykubelet.runtime.logfiles import (
     CriLogDecoder,
     cri_tail_offset,
@@ -283,3 +286,213 @@ def test_cri_tail_is_the_last_lines_written(
     lines = [line + b"\n" for line in complete.split(b"\n")] if b"\n" in written else []
     want = b"".join(lines[-tail_lines:]) + unfinished if tail_lines > 0 else b""
     assert read_cri_log(files, tail_lines, None, block_size=block) == want
+
+
+# --- since and timestamps (LogTimes) ------------------------------------------------------------
+
+BASE_NS = 1_798_761_600 * 1_000_000_000  # 2027-01-01T00:00:00Z
+
+
+def time_text(ns: int, offset_minutes: int, digits: int) -> bytes:
+    """A record's time as a runtime may write it: in some offset, with 0-9 fraction digits
+    (Go's RFC3339Nano trims trailing zeros; containerd writes a local offset)."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    local = datetime.fromtimestamp(seconds, UTC) + timedelta(minutes=offset_minutes)
+    text = local.strftime("%Y-%m-%dT%H:%M:%S")
+    if digits:
+        text += "." + f"{fraction:09d}"[:digits]
+    if offset_minutes == 0:
+        text += "Z"
+    else:
+        sign = "+" if offset_minutes > 0 else "-"
+        h, m = divmod(abs(offset_minutes), 60)
+        text += f"{sign}{h:02d}:{m:02d}"
+    return text.encode()
+
+
+def fixed(ns: int, offset_minutes: int) -> bytes:
+    """The kubelet's RFC3339NanoFixed of that time, in that offset."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    local = datetime.fromtimestamp(seconds, UTC) + timedelta(minutes=offset_minutes)
+    zone = "Z"
+    if offset_minutes:
+        h, m = divmod(abs(offset_minutes), 60)
+        zone = f"{'+' if offset_minutes > 0 else '-'}{h:02d}:{m:02d}"
+    return f"{local.strftime('%Y-%m-%dT%H:%M:%S')}.{fraction:09d}{zone}".encode()
+
+
+@dataclass(frozen=True)
+class Rec:
+    ns: int  # its time as written (whole nanoseconds, of which the text may keep fewer)
+    offset: int
+    digits: int
+    stream: bytes
+    tag: bytes
+    payload: bytes
+    garbled: bool  # its time field is no time
+
+    def line(self) -> bytes:
+        when = b"yesterday" if self.garbled else time_text(self.ns, self.offset, self.digits)
+        return b" ".join([when, self.stream, self.tag, self.payload]) + b"\n"
+
+    def written_ns(self) -> int:
+        """The time the text says (the fraction cut to its digits)."""
+        unit = 10 ** (9 - self.digits)
+        return self.ns // unit * unit
+
+
+@st.composite
+def timed_record(draw: st.DrawFn) -> Rec:
+    return Rec(
+        ns=BASE_NS + draw(st.integers(0, 5_000_000_000)),
+        offset=draw(st.sampled_from([0, 0, 120, -330, 59])),
+        digits=draw(st.sampled_from([0, 1, 3, 6, 9, 9])),
+        stream=draw(st.sampled_from([b"stdout", b"stderr"])),
+        tag=draw(st.sampled_from([b"F", b"F", b"P"])),
+        payload=draw(no_newline),
+        garbled=draw(st.integers(0, 9)) == 0,
+    )
+
+
+def whole_timed(
+    recs: list[Rec], tail_lines: int | None, limit_bytes: int | None, times: LogTimes
+) -> bytes:
+    """What the kubelet gives, on the whole file: the records of the last lines, those at or
+    after `since`, each prefixed with its time, then the limit."""
+    data = b"".join(r.line() for r in recs)
+    start = 0 if tail_lines is None else old_tail_start(data, tail_lines)
+    out = bytearray()
+    pos = 0
+    for r in recs:
+        size = len(r.line())
+        pos += size
+        if pos - size < start:
+            continue
+        if r.garbled and (times.since_ns is not None or times.timestamps):
+            continue  # without times, a record's time is never read
+        if times.since_ns is not None and r.written_ns() < times.since_ns:
+            continue
+        if times.timestamps:
+            out += fixed(r.written_ns(), r.offset) + b" "
+        out += r.payload + (b"" if r.tag == b"P" else b"\n")
+    return bytes(out) if limit_bytes is None else bytes(out[: max(limit_bytes, 0)])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(timed_record(), max_size=12),
+    tails,
+    limits,
+    st.none() | st.integers(BASE_NS - 1, BASE_NS + 5_000_000_001),
+    st.booleans(),
+    blocks,
+)
+def test_since_and_timestamps_are_the_kubelets(
+    files: Path,
+    recs: list[Rec],
+    tail_lines: int | None,
+    limit_bytes: int | None,
+    since_ns: int | None,
+    timestamps: bool,
+    block: int,
+) -> None:
+    """Random logs (times out of order, in several offsets and precisions, some unparseable):
+    tail first, then since by each record's time, the prefixes, then limitBytes."""
+    files.write_bytes(b"".join(r.line() for r in recs))
+    times = LogTimes(since_ns=since_ns, timestamps=timestamps)
+    want = whole_timed(recs, tail_lines, limit_bytes, times)
+    assert read_cri_log(files, tail_lines, limit_bytes, times, block_size=block) == want
+    head, _ = read_cri_tail(files, tail_lines, times, block_size=block)
+    assert head == whole_timed(recs, tail_lines, None, times)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(timed_record(), max_size=8), st.integers(1, 7), st.booleans())
+def test_a_follower_decodes_times_across_any_split(
+    recs: list[Rec], step: int, timestamps: bool
+) -> None:
+    data = b"".join(r.line() for r in recs)
+    times = LogTimes(since_ns=BASE_NS + 2_500_000_000, timestamps=timestamps)
+    decoder = CriLogDecoder(times)
+    out = b"".join(decoder.feed(data[i : i + step]) for i in range(0, len(data), step))
+    assert out == decode_records(data, times) == whole_timed(recs, None, None, times)
+
+
+@pytest.mark.parametrize(
+    ("raw", "ns", "shown"),
+    [
+        (b"2027-01-01T00:00:00Z", BASE_NS, b"2027-01-01T00:00:00.000000000Z"),
+        (b"2027-01-01T00:00:00.5Z", BASE_NS + 500_000_000, b"2027-01-01T00:00:00.500000000Z"),
+        (b"2027-01-01T00:00:00.000000001+00:00", BASE_NS + 1, b"2027-01-01T00:00:00.000000001Z"),
+        (
+            b"2027-01-01T02:00:00.123456789+02:00",
+            BASE_NS + 123_456_789,
+            b"2027-01-01T02:00:00.123456789+02:00",
+        ),
+        (b"2026-12-31T18:30:00-05:30", BASE_NS, b"2026-12-31T18:30:00.000000000-05:30"),
+        (b"2028-02-29T00:00:00Z", 1_835_395_200 * 10**9, b"2028-02-29T00:00:00.000000000Z"),
+    ],
+)
+def test_record_times_parse_as_go_parses_rfc3339nano(raw: bytes, ns: int, shown: bytes) -> None:
+    assert logfiles.parse_time(raw) == (ns, shown)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"2027-01-01",
+        b"2027-01-01T00:00:00",  # no zone
+        b"2027-01-01T00:00:00.Z",
+        b"2027-01-01T00:00:00.1234567890Z",  # ten digits
+        b"2027-02-29T00:00:00Z",  # not a leap year
+        b"2027-13-01T00:00:00Z",
+        b"2027-01-01T24:00:00Z",
+        b"2027-01-01T00:00:00+24:00",
+        b"2027-01-01 00:00:00Z",
+        b"\xff",
+    ],
+)
+def test_what_is_no_record_time(raw: bytes) -> None:
+    assert logfiles.parse_time(raw) is None
+
+
+def test_since_keeps_a_record_of_that_very_time_and_prefixes_partial_records() -> None:
+    data = (
+        b"2027-01-01T00:00:00.999999999Z stdout F before\n"
+        b"2027-01-01T00:00:01Z stdout P par\n"
+        b"2027-01-01T00:00:01.5Z stderr F tial\n"
+        b"garbage stdout F dropped only when times are asked\n"
+    )
+    since = LogTimes(since_ns=BASE_NS + 1_000_000_000)
+    assert decode_records(data, since) == b"partial\n"
+    stamped = LogTimes(since_ns=BASE_NS + 1_000_000_000, timestamps=True)
+    assert decode_records(data, stamped) == (
+        b"2027-01-01T00:00:01.000000000Z par2027-01-01T00:00:01.500000000Z tial\n"
+    )
+    assert decode_records(data).endswith(b"dropped only when times are asked\n")
+
+
+def test_limit_bytes_counts_the_prefixes(tmp_path: Path) -> None:
+    path = tmp_path / "0.log"
+    path.write_bytes(b"2027-01-01T00:00:00Z stdout F one\n2027-01-01T00:00:01Z stdout F two\n")
+    stamped = LogTimes(timestamps=True)
+    assert read_cri_log(path, None, 34, stamped) == b"2027-01-01T00:00:00.000000000Z one"
+    assert read_cri_log(path, 1, None, stamped) == b"2027-01-01T00:00:01.000000000Z two\n"
+    # The tail is found first, then since applies: a last line older than since leaves nothing.
+    late = LogTimes(since_ns=BASE_NS + 5_000_000_000)
+    assert read_cri_log(path, 1, None, late) == b""
+
+
+def test_a_plain_log_answers_since_only_when_it_is_all_or_nothing() -> None:
+    first, last, now = BASE_NS, BASE_NS + 10 * 10**9, BASE_NS + 20 * 10**9
+    assert logfiles.plain_times(LogTimes(), first, last, now) is True
+    assert logfiles.plain_times(LogTimes(since_ns=first), first, last, now) is True
+    assert logfiles.plain_times(LogTimes(since_ns=last + 1), first, last, now) is False
+    with pytest.raises(LogUnsupported, match=r"^sinceSeconds/sinceTime: .*between "):
+        logfiles.plain_times(LogTimes(since_ns=first + 1), first, last, now)
+    with pytest.raises(LogUnsupported, match="in the future"):
+        logfiles.plain_times(LogTimes(since_ns=now + 1), first, last, now)
+    with pytest.raises(LogUnsupported, match=r"^timestamps: "):
+        logfiles.plain_times(LogTimes(timestamps=True), first, last, now)
+    assert logfiles.format_time(BASE_NS + 7) == b"2027-01-01T00:00:00.000000007Z"

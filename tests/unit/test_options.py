@@ -38,6 +38,8 @@ def test_defaults_are_the_kubelets() -> None:
     assert opts.file_check_frequency == 20 and opts.sync_frequency == 60
     assert opts.address == "127.0.0.1" and opts.read_only_port == 10255
     assert opts.container_runtime == "process" and opts.node_name
+    assert opts.streaming_connection_idle_timeout == 4 * 3600
+    assert opts.kubelet_configuration()["streamingConnectionIdleTimeout"] == "4h"
 
 
 def test_flags() -> None:
@@ -59,6 +61,20 @@ def test_flags() -> None:
     assert opts.node_name == "n1" and str(opts.pod_manifest_path) == "/etc/m"
     assert opts.file_check_frequency == 1 and opts.sync_frequency == 90
     assert opts.read_only_port == 0 and opts.keep_pods_on_exit is True
+
+
+def test_the_streaming_idle_timeout_takes_a_go_duration() -> None:
+    opts = parse_options(["--streaming-connection-idle-timeout", "1m30s"])
+    assert opts.streaming_connection_idle_timeout == 90
+    assert opts.kubelet_configuration()["streamingConnectionIdleTimeout"] == "1m30s"
+    assert parse_options(["--streaming-connection-idle-timeout", "0"]).validate() == []
+
+
+def test_a_negative_streaming_idle_timeout_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_options(["--streaming-connection-idle-timeout=-1s"])
+    assert info.value.code == 2
+    assert "--streaming-connection-idle-timeout: must not be negative" in capsys.readouterr().err
 
 
 def test_bad_values_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

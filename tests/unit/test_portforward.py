@@ -84,13 +84,15 @@ OpenPort = Callable[[int], Awaitable[tuple[Reader, Writer]]]
 
 
 @contextlib.asynccontextmanager
-async def kubelet(open_port: OpenPort) -> AsyncIterator[str]:
+async def kubelet(open_port: OpenPort, idle_timeout: float | None = None) -> AsyncIterator[str]:
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
             ports = parse_ports(request.query.getall("port", []))
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
-        return await serve_port_forward(request, open_port, ports, pod="web_default", uid="u-1")
+        return await serve_port_forward(
+            request, open_port, ports, idle_timeout=idle_timeout, pod="web_default", uid="u-1"
+        )
 
     app = web.Application()
     app.router.add_route("*", "/portForward", handler)
@@ -106,14 +108,14 @@ async def kubelet(open_port: OpenPort) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def setup() -> AsyncIterator[tuple[PodPorts, str]]:
+async def setup(idle_timeout: float | None = None) -> AsyncIterator[tuple[PodPorts, str]]:
     async with pod_ports() as pod:
 
         async def open_port(port: int) -> tuple[Reader, Writer]:
             pod.dials.append(port)
             return await dial_local_port(port)
 
-        async with kubelet(open_port) as url:
+        async with kubelet(open_port, idle_timeout) as url:
             yield pod, url
 
 
@@ -502,6 +504,26 @@ async def test_websocket_channels_one_connection_per_port(protocol: str) -> None
                 .decode()
                 .startswith(f"error forwarding port {pod.closed} to pod web_default, uid u-1: ")
             )
+
+
+async def test_websocket_channels_left_idle_are_closed_by_the_node() -> None:
+    """Messages either way keep the session (longer than the timeout); then none for the
+    timeout, and the node closes the WebSocket."""
+    async with (
+        setup(idle_timeout=0.5) as (pod, url),
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{url}?port={pod.echo}", protocols=[V4_BINARY]) as ws,
+    ):
+        for _ in range(2):  # the port on each channel
+            await asyncio.wait_for(ws.receive(), 10)
+        for i in range(6):  # 1.2 s of talk, a message every 0.2 s
+            await ws.send_bytes(b"\x00" + f"{i}\n".encode())
+            reply = await asyncio.wait_for(ws.receive_bytes(), 10)
+            assert reply == b"\x00echo " + f"{i}\n".encode()
+            await asyncio.sleep(0.2)
+        assert not ws.closed
+        msg = await asyncio.wait_for(ws.receive(), 30)
+        assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING), msg
 
 
 # --- dialling ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
 from pykubelet.runtime.base import STDERR, STDOUT
@@ -62,10 +62,10 @@ class EchoProcess:
 
 
 async def serve(
-    process: EchoProcess, opts: ExecOptions
+    process: EchoProcess, opts: ExecOptions, idle_timeout: float | None = None
 ) -> TestClient[web.Request, web.Application]:
     async def handler(request: web.Request) -> web.StreamResponse:
-        channels = await WebSocketChannels.open(request, opts)
+        channels = await WebSocketChannels.open(request, opts, idle_timeout)
         await serve_exec(channels, process, opts)
         return channels.response
 
@@ -93,6 +93,42 @@ def test_terminal_sizes_are_read_across_pieces_and_garbage_is_not_kept() -> None
     assert decoder.feed(b'ight": 24}{"Width":100,"Height":30}') == [(80, 24), (100, 30)]
     assert decoder.feed(b"x" * 5000) == []
     assert decoder.feed(b'{"Width": 1, "Height": 2}') == [(1, 2)]
+
+
+async def test_a_websocket_without_messages_for_the_idle_timeout_is_closed() -> None:
+    """Messages either way keep the session; then none for the timeout, and the node closes
+    the WebSocket (the session ends as when the client goes: stdin ends)."""
+    process = EchoProcess(code=0)
+    opts = ExecOptions(["cat"], stdin=True, stdout=True, stderr=False, tty=False)
+    client = await serve(process, opts, idle_timeout=0.5)
+    try:
+        async with client.ws_connect("/exec", protocols=("v5.channel.k8s.io",)) as ws:
+            assert await ws.receive_bytes() == b"\x01"
+            for i in range(6):  # 1.2 s of talk, a message every 0.2 s: longer than the timeout
+                await ws.send_bytes(b"\x00" + f"{i}\n".encode())
+                assert await ws.receive_bytes() == b"\x01" + f"{i}\n".encode()
+                await asyncio.sleep(0.2)
+            assert not ws.closed
+            msg = await asyncio.wait_for(ws.receive(), 30)
+            while msg.type is WSMsgType.BINARY:  # the outcome, if any, then the close
+                msg = await asyncio.wait_for(ws.receive(), 30)
+            assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING), msg
+    finally:
+        await client.close()
+
+
+async def test_no_idle_timeout_means_none() -> None:
+    process = EchoProcess(code=0)
+    opts = ExecOptions(["cat"], stdin=True, stdout=True, stderr=False, tty=False)
+    client = await serve(process, opts, idle_timeout=0)
+    try:
+        async with client.ws_connect("/exec", protocols=("v5.channel.k8s.io",)) as ws:
+            assert await ws.receive_bytes() == b"\x01"
+            await asyncio.sleep(0.5)
+            await ws.send_bytes(b"\x00still here\n")
+            assert await ws.receive_bytes() == b"\x01still here\n"
+    finally:
+        await client.close()
 
 
 async def test_v5_stdin_close_signal_output_apart_and_the_exit_code() -> None:
@@ -177,7 +213,7 @@ async def test_attach_reports_success_and_a_client_that_leaves_detaches() -> Non
     done: asyncio.Event = asyncio.Event()
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        channels = await WebSocketChannels.open(request, opts)
+        channels = await WebSocketChannels.open(request, opts, None)
         try:
             await serve_attach(channels, process, opts)
         except ConnectionError:

@@ -38,6 +38,7 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ExecResult,
     ExecStream,
+    LogTimes,
     RuntimeFailure,
     StartError,
 )
@@ -550,11 +551,12 @@ class CriEngine:
         entry: ContainerEntry | None,
         tail_lines: int | None,
         limit_bytes: int | None,
+        times: LogTimes,
     ) -> bytes:
         if entry is None or not entry.log_path:
             return b""
         return await asyncio.to_thread(
-            logfiles.read_cri_log, Path(entry.log_path), tail_lines, limit_bytes
+            logfiles.read_cri_log, Path(entry.log_path), tail_lines, limit_bytes, times
         )
 
     async def follow_log(
@@ -562,6 +564,7 @@ class CriEngine:
         id: str,
         entry: ContainerEntry | None,
         tail_lines: int | None,
+        times: LogTimes,
         exited: Callable[[], bool],
     ) -> AsyncGenerator[bytes, None]:
         """The file so far, then what is appended, until the container has exited and the
@@ -569,10 +572,10 @@ class CriEngine:
         if entry is None or not entry.log_path:
             return
         path = Path(entry.log_path)
-        first, offset = await asyncio.to_thread(logfiles.read_cri_tail, path, tail_lines)
+        first, offset = await asyncio.to_thread(logfiles.read_cri_tail, path, tail_lines, times)
         if first:
             yield first
-        decoder = CriLogDecoder()
+        decoder = CriLogDecoder(times)
         while True:
             done = exited()
             chunk = await asyncio.to_thread(logfiles.read_from, path, offset)

@@ -22,6 +22,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     StartError,
 )
+from pykubelet.runtime.logfiles import parse_time as parse_record_time
 from pykubelet.runtime.resources import CPU_PERIOD, cpu_quota, cpu_shares, request_milli_cpu
 from pykubelet.runtime.sandbox.engine import ContainerEntry, Kind, Listing, SandboxEntry
 from pykubelet.runtime.sandbox.naming import pod_hostname
@@ -220,11 +221,15 @@ def container_body(
 class LogDemuxer:
     """The engine's multiplexed log stream (8-byte frame headers) as the bytes written, in order.
 
-    Fed chunks as they arrive: a frame may be split anywhere across chunks.
+    Fed chunks as they arrive: a frame may be split anywhere across chunks. With `retime` each
+    frame starts with its record's time (the engine's `timestamps`: RFC3339Nano on Docker,
+    whole seconds on Podman 4.3), rewritten as the kubelet prints it (nine digits); a TTY
+    container's stream has no frames and is passed as the engine wrote it.
     """
 
-    def __init__(self, tty: bool = False) -> None:
+    def __init__(self, tty: bool = False, *, retime: bool = False) -> None:
         self._tty = tty
+        self._retime = retime
         self._buf = bytearray()
 
     def feed(self, data: bytes) -> bytes:
@@ -242,9 +247,16 @@ class LogDemuxer:
                 break
             if len(self._buf) < 8 + size:
                 break
-            out += self._buf[8 : 8 + size]
+            frame = bytes(self._buf[8 : 8 + size])
+            out += _retimed(frame) if self._retime else frame
             del self._buf[: 8 + size]
         return bytes(out)
+
+
+def _retimed(frame: bytes) -> bytes:
+    head, sep, rest = frame.partition(b" ")
+    parsed = parse_record_time(head) if sep else None
+    return frame if parsed is None else parsed[1] + b" " + rest
 
 
 def tail_offset(data: bytes, lines: int) -> int:

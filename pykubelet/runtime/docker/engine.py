@@ -44,6 +44,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     ExecStream,
+    LogTimes,
     RuntimeFailure,
     StartError,
 )
@@ -531,27 +532,29 @@ class DockerEngine:
         entry: ContainerEntry | None,
         tail_lines: int | None,
         limit_bytes: int | None,
+        times: LogTimes,
     ) -> bytes:
-        """The engine's log of that container: the last `tail_lines` lines, of which at most the
-        first `limit_bytes` bytes (as the kubelet cuts them)."""
+        """The engine's log of that container: the last `tail_lines` lines, of those what
+        `times` keeps, of which at most the first `limit_bytes` bytes (as the kubelet cuts
+        them). The engine leaves out what is older than `since` and prefixes the times."""
         tty = entry.tty if entry else False
         if tail_lines is None:
-            return await self._read_log(id, tty, None, limit_bytes)
+            return await self._read_log(id, tty, None, limit_bytes, times)
         if not self._podman:
-            return await self._read_log(id, tty, tail_lines, limit_bytes)
+            return await self._read_log(id, tty, tail_lines, limit_bytes, times)
         # Podman 4.3's `tail` corrupts partial lines (it glues one to the record before it, on
         # the other stream): the whole log is read and cut here.
-        data = await self._read_log(id, tty, None, None)
+        data = await self._read_log(id, tty, None, None, times)
         data = data[tail_offset(data, tail_lines) :]
         return data if limit_bytes is None else data[: max(limit_bytes, 0)]
 
     async def _read_log(
-        self, id: str, tty: bool, tail: int | None, limit_bytes: int | None
+        self, id: str, tty: bool, tail: int | None, limit_bytes: int | None, times: LogTimes
     ) -> bytes:
-        params = {"stdout": "1", "stderr": "1"}
+        params = {"stdout": "1", "stderr": "1", **_time_params(times)}
         if tail is not None:
             params["tail"] = str(max(tail, 0))
-        demux = LogDemuxer(tty=tty)
+        demux = LogDemuxer(tty=tty, retime=times.timestamps)
         out = bytearray()
         try:
             async with self._client.stream("GET", f"containers/{id}/logs", params) as resp:
@@ -570,22 +573,23 @@ class DockerEngine:
         id: str,
         entry: ContainerEntry | None,
         tail_lines: int | None,
+        times: LogTimes,
         exited: Callable[[], bool],
     ) -> AsyncGenerator[bytes, None]:
         """The engine follows the log. It should end the stream when the container exits, but
         Podman 4.3 may keep one of two concurrent followers open forever: so once the container
         is known to have exited, a pause in the data ends it too."""
         tty = entry.tty if entry else False
-        params = {"stdout": "1", "stderr": "1", "follow": "1"}
+        params = {"stdout": "1", "stderr": "1", "follow": "1", **_time_params(times)}
         skip = 0
         if tail_lines is not None and self._podman:
             # Its `tail` is wrong (see read_log): follow from the start, and drop what precedes
             # the last lines of what is there now. The log only grows, so that is a prefix.
-            head = await self._read_log(id, tty, None, None)
+            head = await self._read_log(id, tty, None, None, times)
             skip = tail_offset(head, tail_lines)
         elif tail_lines is not None:
             params["tail"] = str(max(tail_lines, 0))
-        demux = LogDemuxer(tty=tty)
+        demux = LogDemuxer(tty=tty, retime=times.timestamps)
         try:
             async with self._client.stream(
                 "GET", f"containers/{id}/logs", params, deadline=None
@@ -709,3 +713,15 @@ class DockerEngine:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _time_params(times: LogTimes) -> dict[str, str]:
+    """The engine's own `since` (seconds.nanoseconds, exact on Docker and Podman) and
+    `timestamps` (each record's time, which the demuxer rewrites in the kubelet's format)."""
+    params: dict[str, str] = {}
+    if times.since_ns is not None:
+        seconds, fraction = divmod(times.since_ns, 1_000_000_000)
+        params["since"] = f"{seconds}.{fraction:09d}"
+    if times.timestamps:
+        params["timestamps"] = "1"
+    return params

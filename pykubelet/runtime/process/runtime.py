@@ -31,19 +31,22 @@ import logging
 import os
 import shutil
 import signal
+import time
 import uuid
 from collections.abc import AsyncGenerator, Coroutine
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from pykubelet.api.model import Pod
 from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import (
+    NO_LOG_TIMES,
     ChangeListener,
     ContainerConfig,
     ExecResult,
     ExecStream,
+    LogTimes,
     RuntimeContainer,
     RuntimeFailure,
     RuntimePod,
@@ -197,20 +200,42 @@ class ProcessRuntime:
         container: RuntimeContainer,
         tail_lines: int | None = None,
         limit_bytes: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> bytes:
         """Like the kubelet: the last `tail_lines` lines, of which at most the first
-        `limit_bytes` bytes."""
+        `limit_bytes` bytes. The file is plain (the process writes it itself), so `times` is
+        honoured only where it keeps all of it or none (logfiles.plain_times)."""
         path = self.log_path(container)
+        if times.any:
+            _, last_ns = await asyncio.to_thread(_log_stat, path)
+            if not logfiles.plain_times(
+                times, _unix_ns(container.created_at), last_ns, time.time_ns()
+            ):
+                return b""
         return await asyncio.to_thread(logfiles.read_log, path, tail_lines, limit_bytes)
 
     async def follow_log(
-        self, container: RuntimeContainer, tail_lines: int | None = None
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
-        """The process writes straight to its file, so following is polling the file's end."""
+        """The process writes straight to its file, so following is polling the file's end.
+        `times` as in read_log: what it leaves out is the file as it is now."""
         path = self.log_path(container)
         rec = self._find(container)
+        skip_to: int | None = None
+        if times.any:
+            size, last_ns = await asyncio.to_thread(_log_stat, path)
+            if not logfiles.plain_times(
+                times, _unix_ns(container.created_at), last_ns, time.time_ns()
+            ):
+                skip_to = size
         # The offset is where the head ended: what is appended meanwhile is read next.
-        head, offset = await asyncio.to_thread(logfiles.read_tail, path, tail_lines)
+        if skip_to is None:
+            head, offset = await asyncio.to_thread(logfiles.read_tail, path, tail_lines)
+        else:
+            head, offset = b"", skip_to
         if head:
             yield head
         while True:
@@ -747,3 +772,17 @@ def _remove_files(*paths: Path) -> None:
 def _remove_tree(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
+
+
+def _log_stat(path: Path) -> tuple[int, int]:
+    """A log file's size and when it was last written (Unix ns); a missing one is empty and was
+    never written (0)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return 0, 0
+    return st.st_size, st.st_mtime_ns
+
+
+def _unix_ns(at: datetime) -> int:
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000

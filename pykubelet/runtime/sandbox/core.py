@@ -35,11 +35,13 @@ from typing import Generic, TypeVar
 
 from pykubelet.api.model import Pod
 from pykubelet.runtime.base import (
+    NO_LOG_TIMES,
     ChangeListener,
     ContainerConfig,
     ContainerRunState,
     ExecResult,
     ExecStream,
+    LogTimes,
     RuntimeContainer,
     RuntimeFailure,
     RuntimePod,
@@ -418,16 +420,20 @@ class SandboxRuntime(Generic[R]):
         container: RuntimeContainer,
         tail_lines: int | None = None,
         limit_bytes: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> bytes:
         entry = self._cache.container(container.id)
-        return await self._engine.read_log(container.id, entry, tail_lines, limit_bytes)
+        return await self._engine.read_log(container.id, entry, tail_lines, limit_bytes, times)
 
     async def follow_log(
-        self, container: RuntimeContainer, tail_lines: int | None = None
+        self,
+        container: RuntimeContainer,
+        tail_lines: int | None = None,
+        times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
         entry = self._cache.container(container.id)
         chunks = self._engine.follow_log(
-            container.id, entry, tail_lines, lambda: self._has_exited(container.id)
+            container.id, entry, tail_lines, times, lambda: self._has_exited(container.id)
         )
         # Closed with ours: the engine's holds a stream or a file open.
         async with contextlib.aclosing(chunks):

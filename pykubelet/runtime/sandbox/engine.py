@@ -26,7 +26,13 @@ from enum import Enum
 from typing import Protocol, TypeVar
 
 from pykubelet.api.model import Pod
-from pykubelet.runtime.base import ContainerConfig, ContainerRunState, ExecResult, ExecStream
+from pykubelet.runtime.base import (
+    ContainerConfig,
+    ContainerRunState,
+    ExecResult,
+    ExecStream,
+    LogTimes,
+)
 
 
 class Kind(Enum):
@@ -250,9 +256,11 @@ class Engine(Inspector, Protocol[R]):
         entry: ContainerEntry | None,
         tail_lines: int | None,
         limit_bytes: int | None,
+        times: LogTimes,
     ) -> bytes:
-        """Its stdout and stderr as written: the last `tail_lines` lines, of which at most the
-        first `limit_bytes` bytes. `entry`: what the cache knows of it, if anything."""
+        """Its stdout and stderr as written: the last `tail_lines` lines, of those what `times`
+        keeps, of which at most the first `limit_bytes` bytes. `entry`: what the cache knows of
+        it, if anything."""
         ...
 
     def follow_log(
@@ -260,6 +268,7 @@ class Engine(Inspector, Protocol[R]):
         id: str,
         entry: ContainerEntry | None,
         tail_lines: int | None,
+        times: LogTimes,
         exited: Callable[[], bool],
     ) -> AsyncGenerator[bytes, None]:
         """The log so far, then what is written, until `exited()` and all of it was yielded."""

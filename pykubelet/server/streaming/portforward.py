@@ -48,7 +48,7 @@ from pykubelet.runtime.base import RuntimeFailure
 from pykubelet.server.streaming.hijack import is_spdy_upgrade, upgrade_to_spdy, upgraded_response
 from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
 from pykubelet.server.streaming.spdy_frames import SpdyError, SpdyStreamReset
-from pykubelet.server.streaming.websocket import is_websocket
+from pykubelet.server.streaming.websocket import IdleWatch, is_websocket
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,6 @@ V4_BINARY = "v4.channel.k8s.io"
 V4_BASE64 = "v4.base64.channel.k8s.io"
 PROTOCOL_HEADER = "X-Stream-Protocol-Version"
 STREAM_CREATION_TIMEOUT = 30.0
-# The kubelet's streamingConnectionIdleTimeout.
-IDLE_TIMEOUT = 4 * 3600.0
 # What is read from one side before it is written to the other.
 CHUNK = 32 * 1024
 # WebSocket channels: messages of one port held while the pod does not read them; then the
@@ -135,20 +133,23 @@ async def serve_port_forward(
     open_port: OpenPort,
     ports: list[int],
     *,
+    idle_timeout: float | None,
     pod: str = "",
     uid: str = "",
 ) -> web.StreamResponse:
     """Serve one port-forward request until the client (or the idle timeout) ends it.
     `open_port(port)` dials the pod (RuntimeFailure when it cannot); `ports` are those of the
-    query (only the WebSocket channel form needs them: SPDY streams name their port); `pod`
-    and `uid` name the pod in error messages."""
+    query (only the WebSocket channel form needs them: SPDY streams name their port);
+    `idle_timeout` the kubelet's streamingConnectionIdleTimeout (a session without a frame or
+    message either way for so long is closed; None or 0: never); `pod` and `uid` name the pod
+    in error messages."""
     target = Target(open_port, pod, uid)
     if is_websocket(request):
         if TUNNEL_PROTOCOL in _websocket_protocols(request):
-            return await _serve_tunnel(request, target)
+            return await _serve_tunnel(request, target, idle_timeout)
         if not ports:
             return _status(400, "BadRequest", 'query parameter "port" is required')
-        return await _serve_channels(request, target, ports)
+        return await _serve_channels(request, target, ports, idle_timeout)
     if not is_spdy_upgrade(request):
         return _status(
             400,
@@ -172,7 +173,7 @@ async def serve_port_forward(
         response.headers["X-Accepted-Stream-Protocol-Versions"] = PORT_FORWARD_PROTOCOL
         return response
     headers = {PROTOCOL_HEADER: PORT_FORWARD_PROTOCOL} if offered else {}
-    session = await upgrade_to_spdy(request, headers, IDLE_TIMEOUT)
+    session = await upgrade_to_spdy(request, headers, idle_timeout)
     log.info("port-forward to pod %s over SPDY/3.1", pod)
     try:
         await SpdyForwarder(session, target).run()
@@ -376,7 +377,9 @@ async def _both_ways(*directions: Awaitable[bool]) -> None:
 # --- SPDY in a WebSocket --------------------------------------------------------------------
 
 
-async def _serve_tunnel(request: web.Request, target: Target) -> web.StreamResponse:
+async def _serve_tunnel(
+    request: web.Request, target: Target, idle_timeout: float | None
+) -> web.StreamResponse:
     """The client's SPDY session, one WebSocket binary message per write. A socket pair
     bridges the messages to the SpdySession (which reads a byte stream): its kernel buffers
     are bounded, and the session sees the same flow control as over TCP."""
@@ -409,7 +412,7 @@ async def _serve_tunnel(request: web.Request, target: Target) -> web.StreamRespo
         while data := await bridge_reader.read(_TUNNEL_READ):
             await ws.send_bytes(data)
 
-    session = SpdySession(reader, writer, server=True, idle_timeout=IDLE_TIMEOUT)
+    session = SpdySession(reader, writer, server=True, idle_timeout=idle_timeout)
     pumps = [asyncio.create_task(from_client()), asyncio.create_task(to_client())]
     try:
         await SpdyForwarder(session, target).run()
@@ -432,8 +435,11 @@ async def _serve_tunnel(request: web.Request, target: Target) -> web.StreamRespo
 class _Channels:
     """The v4 channel protocol of a port-forward WebSocket: data on 2i, errors on 2i+1."""
 
-    def __init__(self, ws: web.WebSocketResponse, ports: list[int]) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, ports: list[int], idle_timeout: float | None
+    ) -> None:
         self._ws = ws
+        self.idle = IdleWatch(ws, idle_timeout, "port-forward WebSocket")
         self._base64 = ws.ws_protocol == V4_BASE64
         self.ports = ports
         self.inbound: list[asyncio.Queue[bytes | None]] = [
@@ -441,6 +447,7 @@ class _Channels:
         ]
 
     async def send(self, channel: int, data: bytes) -> None:
+        self.idle.touch()
         if self._base64:
             # The channel as one character, '0' + channel, as wsstream writes it.
             await self._ws.send_str(chr(ord("0") + channel) + base64.b64encode(data).decode())
@@ -452,6 +459,7 @@ class _Channels:
         ends; then every port's input ends."""
         try:
             async for msg in self._ws:
+                self.idle.touch()
                 if msg.type is WSMsgType.BINARY and not self._base64:
                     raw: bytes = msg.data
                     if not raw:
@@ -477,7 +485,7 @@ class _Channels:
 
 
 async def _serve_channels(
-    request: web.Request, target: Target, ports: list[int]
+    request: web.Request, target: Target, ports: list[int], idle_timeout: float | None
 ) -> web.StreamResponse:
     ws = web.WebSocketResponse(
         protocols=(V4_BINARY, V4_BASE64, PORT_FORWARD_PROTOCOL), autoping=True
@@ -489,7 +497,7 @@ async def _serve_channels(
         ws.ws_protocol or "no subprotocol",
         ",".join(map(str, ports)),
     )
-    channels = _Channels(ws, ports)
+    channels = _Channels(ws, ports, idle_timeout)
     reader = asyncio.create_task(channels.read(), name="port-forward websocket reader")
     try:
         for index, port in enumerate(ports):
@@ -510,6 +518,7 @@ async def _serve_channels(
     except ConnectionError as exc:
         log.info("port-forward to pod %s: the client went away: %s", target.pod, exc)
     finally:
+        channels.idle.stop()
         await ws.close()
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)

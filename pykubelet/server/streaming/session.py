@@ -50,8 +50,6 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 STREAM_CREATION_TIMEOUT = 30.0
-# The kubelet's streamingConnectionIdleTimeout.
-IDLE_TIMEOUT = 4 * 3600.0
 PROTOCOL_HEADER = "X-Stream-Protocol-Version"
 
 Verb = Literal["exec", "attach"]
@@ -65,9 +63,12 @@ async def serve_stream(
     container: RuntimeContainer,
     start: Start,
     opts: ExecOptions,
+    idle_timeout: float | None,
 ) -> web.StreamResponse:
+    """`idle_timeout`: the kubelet's streamingConnectionIdleTimeout; a session without a frame
+    (SPDY) or message (WebSocket) either way for so long is closed (None or 0: never)."""
     if is_websocket(request):
-        ws = await WebSocketChannels.open(request, opts)
+        ws = await WebSocketChannels.open(request, opts, idle_timeout)
         log.info(
             "%s in container %s of pod %s/%s over WebSocket (%s)",
             verb,
@@ -99,7 +100,7 @@ async def serve_stream(
             f"server supports {list(SPDY_PROTOCOLS)}",
         )
     headers = {PROTOCOL_HEADER: protocol} if offered else {}
-    session = await upgrade_to_spdy(request, headers, IDLE_TIMEOUT)
+    session = await upgrade_to_spdy(request, headers, idle_timeout)
     log.info(
         "%s in container %s of pod %s/%s over SPDY/3.1 (%s)",
         verb,

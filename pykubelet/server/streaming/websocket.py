@@ -6,7 +6,9 @@ Each message starts with its channel: 0 stdin, 1 stdout, 2 stderr, 3 error (the 
 resize; `v5.channel.k8s.io` adds 255, the close signal (`[255, 0]`: the client closed stdin).
 In the base64 protocols a message is text: the channel as a digit, then the data in base64. The
 server sends an empty message on the lowest channel it writes to once the session is open, as
-the kubelet does, and closes the WebSocket after the outcome.
+the kubelet does, and closes the WebSocket after the outcome, or once no message went either way
+for the idle timeout (the kubelet's streamingConnectionIdleTimeout; `IdleWatch`, which the
+port-forward channels use too).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -29,6 +32,8 @@ from pykubelet.server.streaming.remotecommand import (
     ResizeDecoder,
     status_text,
 )
+
+log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
@@ -48,9 +53,55 @@ def is_websocket(request: web.Request) -> bool:
     return request.headers.get("Upgrade", "").lower() == "websocket"
 
 
-class WebSocketChannels:
-    def __init__(self, ws: web.WebSocketResponse, opts: ExecOptions) -> None:
+class IdleWatch:
+    """Closes a WebSocket once no message went either way for `timeout` seconds (None or 0:
+    never); whoever sends or receives one calls `touch`. Pings are not messages: aiohttp
+    answers them below, as the kubelet's WebSocket library does."""
+
+    def __init__(self, ws: web.WebSocketResponse, timeout: float | None, what: str) -> None:
         self._ws = ws
+        self._timeout = timeout if timeout and timeout > 0 else None
+        self._what = what
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = None
+        self._closing: asyncio.Task[None] | None = None
+        self._arm()
+
+    def touch(self) -> None:
+        self._last = self._loop.time()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self) -> None:
+        if self._timeout is not None:
+            self._handle = self._loop.call_at(self._last + self._timeout, self._check)
+
+    def _check(self) -> None:
+        self._handle = None
+        if self._timeout is None or self._ws.closed:
+            return
+        if self._loop.time() < self._last + self._timeout:
+            self._arm()  # touched meanwhile
+            return
+        log.info("%s idle for %gs: closing it", self._what, self._timeout)
+        # Its reader (an `async for` over the WebSocket) ends, and the session with it.
+        self._closing = asyncio.create_task(self._close(), name=f"{self._what} idle close")
+
+    async def _close(self) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await self._ws.close(message=b"idle timeout")
+
+
+class WebSocketChannels:
+    def __init__(
+        self, ws: web.WebSocketResponse, opts: ExecOptions, idle_timeout: float | None
+    ) -> None:
+        self._ws = ws
+        self._idle = IdleWatch(ws, idle_timeout, "exec/attach WebSocket")
         self._opts = opts
         self._protocol = ws.ws_protocol or ""
         self._base64 = self._protocol.startswith("base64.") or ".base64." in self._protocol
@@ -60,10 +111,14 @@ class WebSocketChannels:
         self._reader: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, request: web.Request, opts: ExecOptions) -> WebSocketChannels:
+    async def open(
+        cls, request: web.Request, opts: ExecOptions, idle_timeout: float | None
+    ) -> WebSocketChannels:
+        """The WebSocket accepted; closed by the node after `idle_timeout` seconds without a
+        message either way (None or 0: never)."""
         ws = web.WebSocketResponse(protocols=WEBSOCKET_PROTOCOLS, autoping=True)
         await ws.prepare(request)
-        channels = cls(ws, opts)
+        channels = cls(ws, opts, idle_timeout)
         # The kubelet's hello: an empty message on the lowest channel it will write.
         first = STDOUT_CHANNEL if opts.stdout else STDERR_CHANNEL if opts.stderr else ERROR_CHANNEL
         await channels._send(first, b"")
@@ -75,6 +130,7 @@ class WebSocketChannels:
         return self._ws
 
     async def _send(self, channel: int, data: bytes) -> None:
+        self._idle.touch()
         if self._base64:
             await self._ws.send_str(str(channel) + base64.b64encode(data).decode())
         else:
@@ -83,6 +139,7 @@ class WebSocketChannels:
     async def _read(self) -> None:
         try:
             async for msg in self._ws:
+                self._idle.touch()
                 if msg.type is WSMsgType.BINARY:
                     data: bytes = msg.data
                 elif msg.type is WSMsgType.TEXT and self._base64 and msg.data:
@@ -131,6 +188,7 @@ class WebSocketChannels:
         await self.close()
 
     async def close(self) -> None:
+        self._idle.stop()
         await self._ws.close()
         if self._reader is not None:
             self._reader.cancel()
