@@ -27,6 +27,8 @@ KNOWN_UNSUPPORTED = frozenset(
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
         "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
         "setHostnameAsFQDN", "hostUsers",
+        # Container restart rules (KEP-5307, alpha after 1.32): refused by name, not guessed.
+        "restartPolicyRules",
         # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
         # readOnlyRootFilesystem/privileged
         "capabilities", "seLinuxOptions", "seccompProfile", "appArmorProfile", "procMount",

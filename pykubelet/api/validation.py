@@ -281,7 +281,13 @@ def _validate_container(container: Container, path: str, *, is_init: bool) -> li
     if not container.image.strip():
         errors.append(FieldError(f"{path}.image", "required"))
     if container.restart_policy is not None and not is_init:
-        errors.append(FieldError(f"{path}.restartPolicy", "may only be set on init containers"))
+        errors.append(
+            FieldError(
+                f"{path}.restartPolicy",
+                "may not be set for non-init containers (the API server's rule in 1.32; "
+                "per-container restart rules are not supported by pykubelet yet)",
+            )
+        )
     if container.working_dir is not None and not container.working_dir.startswith("/"):
         errors.append(FieldError(f"{path}.workingDir", "must be an absolute path"))
 

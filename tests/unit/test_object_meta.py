@@ -43,3 +43,24 @@ def test_annotation_keys_are_case_folded_as_the_api_server_does() -> None:
     decode_pod(
         manifest({"Example.COM/Checksum": "v", "kubectl.kubernetes.io/restartedAt": "t"}), "w"
     )
+
+
+def test_container_restart_rules_are_refused_naming_the_field() -> None:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "c", "image": "i", "restartPolicy": "Always"}]},
+    }
+    with pytest.raises(ManifestError) as caught:
+        decode_pod(json.dumps(doc).encode(), "web.json")
+    (error,) = caught.value.errors
+    assert error.path == "spec.containers[0].restartPolicy"
+    assert error.reason.startswith("may not be set for non-init containers")
+    rules = [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]
+    doc["spec"]["containers"][0] = {"name": "c", "image": "i", "restartPolicyRules": rules}
+    with pytest.raises(ManifestError) as caught:
+        decode_pod(json.dumps(doc).encode(), "web.json")
+    (error,) = caught.value.errors
+    assert error.path == "spec.containers[0].restartPolicyRules"
+    assert "not supported by pykubelet yet" in error.reason
