@@ -22,10 +22,10 @@ _Loader: Any = yaml.CSafeLoader if YAML_IS_FAST else yaml.SafeLoader
 # "unknown field", so the user knows the manifest is right and pykubelet is behind.
 KNOWN_UNSUPPORTED = frozenset(
     {
-        "volumeDevices", "resizePolicy", "stdinOnce", "affinity", "hostPID",
+        "volumeDevices", "resizePolicy", "stdinOnce", "hostPID",
         "hostIPC", "imagePullSecrets", "runtimeClassName",
-        "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
-        "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
+        "shareProcessNamespace", "overhead",
+        "dnsConfig", "hostAliases", "resourceClaims",
         "setHostnameAsFQDN", "hostUsers",
         # Container restart rules (KEP-5307, alpha after 1.32): refused by name, not guessed.
         "restartPolicyRules",

@@ -381,6 +381,10 @@ class Volume(ApiModel):
         return [s for s in found if s is not None]
 
 
+class PodOS(ApiModel):
+    name: str
+
+
 class PodReadinessGate(ApiModel):
     condition_type: str
 
@@ -413,6 +417,12 @@ class PodSpec(ApiModel):
     security_context: PodSecurityContext | None = None
     volumes: list[Volume] | None = None
     readiness_gates: list[PodReadinessGate] | None = None
+    # The scheduler's: kept as served, ignored by the node (as by the kubelet).
+    preemption_policy: str | None = None
+    affinity: dict[str, Any] | None = None
+    topology_spread_constraints: list[dict[str, Any]] | None = None
+    scheduling_gates: list[dict[str, Any]] | None = None
+    os: PodOS | None = None
 
 
 # --- status -------------------------------------------------------------------------------------

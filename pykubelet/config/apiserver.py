@@ -27,7 +27,6 @@ What goes into the SET:
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import time
@@ -54,13 +53,6 @@ LIST_PAGE = 500
 # The kubelet's reflector watches for a random 5 to 10 minutes, then re-watches from where it was:
 # spread so a fleet does not reconnect at once.
 WATCH_TIMEOUT = (300, 600)
-# Set by the scheduler's world only: a pod that is already bound to this node needs none of them.
-SCHEDULER_ONLY_FIELDS = (
-    "preemptionPolicy",
-    "affinity",
-    "topologySpreadConstraints",
-    "schedulingGates",
-)
 
 
 # --- decoding API pods --------------------------------------------------------------------------
@@ -88,7 +80,7 @@ def _readiness_gate_conditions(obj: Obj) -> list[Obj]:
 
 def prepare_api_pod(obj: Obj) -> Obj:
     """The object our Pod model decodes: without status (but the conditions of its readiness
-    gates) and what only the scheduler reads.
+    gates).
 
     resourceVersion and managedFields go too: they change with every write (our own status
     patches included), and a pod that differs only in them is the same pod to run.
@@ -103,14 +95,7 @@ def prepare_api_pod(obj: Obj) -> Obj:
         doc["metadata"] = {
             k: v for k, v in meta.items() if k not in ("resourceVersion", "managedFields")
         }
-    spec = obj.get("spec")
-    if not isinstance(spec, dict):
-        return doc
-    spec = copy.deepcopy(spec)
-    doc["spec"] = spec
-    for key in SCHEDULER_ONLY_FIELDS:
-        spec.pop(key, None)
-    return doc
+    return doc  # the spec as served: decoding reads it and changes nothing
 
 
 def pod_location(obj: Obj) -> str:

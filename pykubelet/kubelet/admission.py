@@ -2,8 +2,9 @@
 what the node already runs and says admit, or a reason and a message.
 
 The handlers, in the kubelet's order:
-- `NodeFeatures`: what this node allows at all (privileged containers with --allow-privileged,
-  hostPath volumes below --allowed-host-paths);
+- `NodeFeatures`: what this node allows at all (Linux pods: `spec.os` and a `kubernetes.io/os`
+  node selector; privileged containers with --allow-privileged, hostPath volumes below
+  --allowed-host-paths);
 - `ResourceFit`: at most --max-pods non-terminal pods, and the pod's cpu, memory and
   ephemeral-storage requests within what is left of the node's allocatable (`OutOfpods`,
   `OutOfcpu`, ...), with the kubelet's messages.
@@ -97,6 +98,19 @@ class NodeFeatures:
         self._allowed = list(allowed_host_paths)
 
     def admit(self, pod: Pod, requests: Mapping[str, int], usage: NodeUsage) -> AdmitResult:
+        if pod.spec.os is not None and pod.spec.os.name != "linux":
+            return AdmitResult(
+                False,
+                "PodOSNotSupported",
+                "Failed to admit pod as the OS field doesn't match node OS",
+            )
+        selected = (pod.spec.node_selector or {}).get("kubernetes.io/os")
+        if selected is not None and selected != "linux":
+            return AdmitResult(
+                False,
+                "PodOSSelectorNodeLabelDoesNotMatch",
+                "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
+            )
         for kind, containers in (
             ("initContainers", pod.spec.init_containers),
             ("containers", pod.spec.containers),

@@ -105,6 +105,20 @@ def test_node_features_refuse_privileged_containers_unless_allowed() -> None:
     assert allow.admit(special(privileged_in="containers"), {}, NodeUsage()) == ADMIT
 
 
+def test_node_features_admit_linux_pods_only() -> None:
+    features = NodeFeatures(allow_privileged=False, allowed_host_paths=[])
+    base = pod([{}]).to_api()
+    windows = Pod.model_validate({**base, "spec": {**base["spec"], "os": {"name": "windows"}}})
+    assert features.admit(windows, {}, NodeUsage()) == AdmitResult(
+        False, "PodOSNotSupported", "Failed to admit pod as the OS field doesn't match node OS"
+    )
+    selector = {"kubernetes.io/os": "windows"}
+    elsewhere = Pod.model_validate({**base, "spec": {**base["spec"], "nodeSelector": selector}})
+    assert features.admit(elsewhere, {}, NodeUsage()).reason == "PodOSSelectorNodeLabelDoesNotMatch"
+    linux = Pod.model_validate({**base, "spec": {**base["spec"], "os": {"name": "linux"}}})
+    assert features.admit(linux, {}, NodeUsage()).admit
+
+
 def test_node_features_allow_host_paths_below_the_allowed_ones_only() -> None:
     features = NodeFeatures(False, ["/srv/data", "/var/log/"])
     for fine in (("/srv/data",), ("/srv/data/a/b", "/var/log"), ("/var/log/pods/x",)):

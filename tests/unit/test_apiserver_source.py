@@ -219,7 +219,9 @@ def test_what_a_real_server_adds_decodes() -> None:
     decoded = decode_api_pod(obj)
     assert decoded.metadata.name == "web" and decoded.spec.containers[0].command == ["sleep", "9"]
     prepared = prepare_api_pod(obj)
-    assert "preemptionPolicy" not in prepared["spec"] and "status" not in prepared
+    # The scheduler's fields are kept as served (and ignored); the status is the kubelet's.
+    assert prepared["spec"]["preemptionPolicy"] == "PreemptLowerPriority"
+    assert decoded.spec.affinity == {"nodeAffinity": {}} and "status" not in prepared
     # The injected service-account volume is the pod's like any other: a projected volume
     # (its token from TokenRequest, its CA from the kube-root-ca.crt ConfigMap).
     (token_volume,) = decoded.spec.volumes or []
