@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pykubelet.api.dns_validation import validate_pod_dns
 from pykubelet.api.errors import FieldError, ManifestError
 from pykubelet.api.model import Pod
 from pykubelet.api.validation import validate_pod
@@ -165,7 +166,7 @@ def pod_from_object(obj: Any, location: str, prefix: Sequence[int | str] = ()) -
         raise ManifestError(location, _pydantic_errors(exc, prefix)) from None
     except RecursionError:
         raise ManifestError(location, [FieldError(where, "nested too deeply")]) from None
-    errors = validate_pod(pod)
+    errors = [*validate_pod(pod), *validate_pod_dns(pod.spec)]
     if errors:
         if prefix:
             errors = [

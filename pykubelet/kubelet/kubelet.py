@@ -37,7 +37,9 @@ from pykubelet.kubelet.admission import (
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
+from pykubelet.pod.dns import ClusterSettings
 from pykubelet.pod.envvars import Allocatable, container_env
+from pykubelet.pod.network import PodNetwork
 from pykubelet.pod.sync import PodSync, TerminatedListener
 from pykubelet.pod.volumes import ObjectLookup, VolumeManager
 from pykubelet.pod.workers import PodWorkers, UpdateType, WorkerState
@@ -90,8 +92,30 @@ class Kubelet:
             ephemeral_storage=facts.storage_bytes,
         )
         volumes = VolumeManager(options.root_dir, node, options.allowed_host_paths)
+        network = PodNetwork(
+            ClusterSettings(
+                tuple(options.cluster_dns),
+                options.cluster_domain,
+                options.resolv_conf,
+                host_ip,
+            ),
+            recorder,
+            options.node_name,
+            volumes.pod_dir,
+            # Process pods all share the node's network: its DNS rules for such pods apply.
+            all_host_network=options.container_runtime == "process",
+        )
         self._syncer = PodSync(
-            runtime, statuses, recorder, host_ip, actions, self._prober, volumes, node, objects
+            runtime,
+            statuses,
+            recorder,
+            host_ip,
+            actions,
+            self._prober,
+            volumes,
+            node,
+            objects,
+            network,
         )
         self._pods = PodStore()
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)

@@ -21,6 +21,7 @@ from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.config.types import API_SOURCE
 from pykubelet.pod.backoff import Backoff
+from pykubelet.pod.dns import ClusterSettings, DnsError
 from pykubelet.pod.envvars import (
     Allocatable,
     ApiObjects,
@@ -29,6 +30,7 @@ from pykubelet.pod.envvars import (
     expand,
     skipped_env_names,
 )
+from pykubelet.pod.network import PodNetwork
 from pykubelet.pod.volumes import (
     NoApiServer,
     ObjectLookup,
@@ -44,6 +46,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     Runtime,
     RuntimeContainer,
+    RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
     StartError,
@@ -176,9 +179,12 @@ class PodSync:
         volumes: VolumeManager,
         node: Allocatable,
         objects: ObjectLookup | None = None,
+        network: PodNetwork | None = None,
     ) -> None:
         self.runtime = runtime
         self.volumes = volumes
+        # Hostnames, DNS and /etc/hosts (the kubelet's defaults without a network given).
+        self.network = network or PodNetwork(ClusterSettings(), recorder, "", volumes.pod_dir)
         self.node = node
         # ConfigMaps and Secrets: the API server's in cluster mode.
         self.objects: ObjectLookup = objects if objects is not None else NoApiServer()
@@ -225,7 +231,13 @@ class PodSync:
         runtime_pod = await self.runtime.get_pod(uid)
         sandbox = runtime_pod.sandbox if runtime_pod is not None else None
         if sandbox is None or not sandbox.ready:
-            sandbox = await self.runtime.run_sandbox(pod)
+            try:
+                sandbox_config = await self.network.sandbox_config(pod)
+            except DnsError as e:
+                message = f"Failed to create pod sandbox: {e}"
+                self.recorder.record("Warning", "FailedCreatePodSandBox", message, _pod_ref(pod))
+                raise RuntimeFailure(f"pod {pod.key}: {message}") from e
+            sandbox = await self.runtime.run_sandbox(pod, sandbox_config)
             runtime_pod = await self.runtime.get_pod(uid)
         instances: dict[str, list[RuntimeContainer]] = defaultdict(list)
         for c in runtime_pod.containers if runtime_pod else []:
@@ -425,8 +437,9 @@ class PodSync:
                 pod, spec, self.host_ip, sandbox.ip or self.host_ip, state.objects, self.node
             )
             mounts = await self.volumes.container_mounts(pod, spec, state.volume_paths)
+            etc_mounts, resolv_conf = await self.network.container_files(pod, sandbox.ip, mounts)
             security = security_fields(pod, spec)
-        except (EnvError, VolumeError, SecurityError) as e:
+        except (EnvError, VolumeError, SecurityError, DnsError) as e:
             waiting = Waiting("CreateContainerConfigError", str(e))
             state.waiting[spec.name] = waiting
             self.backoff.record_start(key)
@@ -459,7 +472,8 @@ class PodSync:
             host_ports=[
                 (p.host_port, p.container_port, p.protocol) for p in spec.ports if p.host_port
             ],
-            mounts=mounts,
+            mounts=[*mounts, *etc_mounts],
+            resolv_conf=resolv_conf,
             run_as_user=security.run_as_user,
             run_as_group=security.run_as_group,
             supplemental_groups=security.supplemental_groups,

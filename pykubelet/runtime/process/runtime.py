@@ -48,6 +48,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
+    SandboxConfig,
     StartError,
     dial_local_port,
 )
@@ -335,7 +336,10 @@ class ProcessRuntime:
 
     # --- sandboxes ------------------------------------------------------------------------------
 
-    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
+    async def run_sandbox(self, pod: Pod, config: SandboxConfig | None = None) -> RuntimeSandbox:
+        # Every pod here is on the node's network and keeps its hostname: the hostname and the
+        # DNS of `config` are the node's (pykubelet.pod.dns decides so for this runtime), and a
+        # pod's own resolv.conf or hosts file reaches its containers as binds.
         check_component("pod UID", pod.uid)
         async with self._pod_lock(pod.uid):
             state = self._pods.get(pod.uid)

@@ -26,7 +26,13 @@ from enum import Enum
 from typing import Protocol, TypeVar
 
 from pykubelet.api.model import Pod
-from pykubelet.runtime.base import ContainerConfig, ContainerRunState, ExecResult, ExecStream
+from pykubelet.runtime.base import (
+    ContainerConfig,
+    ContainerRunState,
+    ExecResult,
+    ExecStream,
+    SandboxConfig,
+)
 
 
 class Kind(Enum):
@@ -167,9 +173,10 @@ class Engine(Inspector, Protocol[R]):
 
     # --- sandboxes ------------------------------------------------------------------------------
 
-    async def create_sandbox(self, pod: Pod, attempt: int) -> str:
+    async def create_sandbox(self, pod: Pod, attempt: int, config: SandboxConfig | None) -> str:
         """Create the pod's sandbox of that attempt (where the engine starts it at once, start
-        it too); its id. NameInUse if a leftover holds the attempt's name."""
+        it too), with the hostname and DNS of `config` (None: the pod's name, the engine's
+        own resolver); its id. NameInUse if a leftover holds the attempt's name."""
         ...
 
     async def start_sandbox(self, pod: Pod, id: str) -> None:
