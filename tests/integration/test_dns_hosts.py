@@ -173,21 +173,30 @@ def _answers(server: str) -> bool:
 
 
 def test_a_service_name_resolves_through_the_cluster_dns(
-    start_agent, manifests: Path, dnsmasq: str
+    start_agent, manifests: Path, dnsmasq: str, backend: Backend
 ) -> None:  # type: ignore[no-untyped-def]
-    # A process pod shares the node's network, where 127.0.0.1:53 is the test's dnsmasq: with
-    # ClusterFirstWithHostNet its resolver is the cluster's, and the search list turns the
-    # short name into the service's.
+    # On the node's network 127.0.0.1:53 is the test's dnsmasq: with ClusterFirstWithHostNet
+    # the pod's resolver is the cluster's. A process pod (the host's glibc) resolves the short
+    # name through the search list; busybox's nslookup in the image asks for the full name.
+    if backend.engine is None:
+        lookup = "getent hosts my-svc.my-ns; echo rc=$?"
+    else:
+        lookup = "nslookup my-svc.my-ns.svc.cluster.local; echo rc=$?"
     write_pod(
         manifests,
         "client",
         pod_yaml(
             "client",
-            "getent hosts my-svc.my-ns; echo rc=$?; cat /etc/resolv.conf; exec sleep 600",
-            extra_spec="  dnsPolicy: ClusterFirstWithHostNet\n",
+            f"{lookup}; {backend.forever()}",
+            extra_spec="  hostNetwork: true\n  dnsPolicy: ClusterFirstWithHostNet\n",
         ),
     )
-    agent = start_agent("--cluster-dns", dnsmasq, "--cluster-domain", "cluster.local")
-    out = wait_for("the lookup", lambda: "rc=" in (o := agent.logs("client", "main")) and o)
-    assert out.splitlines()[0].split() == ["10.96.0.42", "my-svc.my-ns.svc.cluster.local"]
-    assert "rc=0" in out
+    agent = start_agent(
+        *backend.flags, "--cluster-dns", dnsmasq, "--cluster-domain", "cluster.local"
+    )
+    out = wait_for("the lookup", lambda: "rc=" in (o := agent.logs("client", "main")) and o, 60)
+    if backend.engine is None:
+        assert out.splitlines()[0].split() == ["10.96.0.42", "my-svc.my-ns.svc.cluster.local"]
+        assert "rc=0" in out
+    else:
+        assert "Name:\tmy-svc.my-ns.svc.cluster.local\nAddress: 10.96.0.42\n" in out
