@@ -94,6 +94,23 @@ def _ip_list(text: str) -> list[str]:
     return ips
 
 
+class _Replace(argparse.Action):
+    """A repeatable list flag whose first use replaces the default (a --config file's list),
+    as a kubelet flag overrides its configuration; later uses extend it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        given = f"_{self.dest}_given"
+        current = getattr(namespace, self.dest) if getattr(namespace, given, False) else []
+        setattr(namespace, self.dest, [*current, *(values if isinstance(values, list) else [])])
+        setattr(namespace, given, True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pykubelet",
@@ -325,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cluster-dns",
         type=_ip_list,
-        action="extend",
+        action=_Replace,
         default=[],
         metavar="IP[,IP...]",
         help="the cluster's DNS servers: the nameservers of pods with dnsPolicy ClusterFirst",

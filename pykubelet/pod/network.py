@@ -172,6 +172,8 @@ def _write_in_place(path: Path, content: str) -> None:
     """Written in place, as the kubelet writes etc-hosts: a running container's bind of the
     file sees the new content (a rename would leave it on the old file)."""
     data = content.encode()
+    # Private, as everything under --root-dir (the pods' directory is volumes.py's too).
+    os.makedirs(path.parent.parent, 0o700, exist_ok=True)
     os.makedirs(path.parent, 0o750, exist_ok=True)
     try:
         if path.read_bytes() == data:

@@ -3,6 +3,7 @@ and the API server's checks of the fields (api/dns_validation.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from pykubelet.pod.dns import (
 )
 from pykubelet.pod.network import PodNetwork
 from pykubelet.runtime.base import DNSConfig, Mount
+from tests.unit.test_kubelet import NodeFactory, make_node  # noqa: F401 (the fixture)
+from tests.unit.test_kubelet import make_pod as kubelet_pod
 
 NODE = ResolvConf(("10.255.255.53",), ("corp.example",), ("edns0",))
 CLUSTER = ClusterSettings(("10.96.0.10",), "cluster.local")
@@ -330,3 +333,68 @@ def test_real_server_fields_decode() -> None:
     pod = decode_pod(json.dumps(body).encode(), "web.yaml")
     assert pod.spec.host_aliases is not None and pod.spec.host_aliases[0].ip == "10.1.2.3"
     assert pod.spec.dns_config is not None and pod.spec.dns_config.options is not None
+
+
+def test_flags_and_config_file_fields(tmp_path: Path) -> None:
+    from pykubelet.cmd.cli import parse_options
+    from pykubelet.cmd.config_file import dump
+
+    config = tmp_path / "kubelet.yaml"
+    config.write_text(
+        dump({"clusterDNS": ["10.96.0.10"], "clusterDomain": "cluster.local", "resolvConf": ""})
+    )
+    opts = parse_options(["--config", str(config)])
+    assert (opts.cluster_dns, opts.cluster_domain, opts.resolv_conf) == (
+        ["10.96.0.10"],
+        "cluster.local",
+        "",
+    )
+    served = opts.kubelet_configuration()
+    assert served["clusterDNS"] == ["10.96.0.10"] and served["resolvConf"] == ""
+    flags = parse_options(["--config", str(config), "--cluster-dns", "10.0.0.10,fd00::a"])
+    assert flags.cluster_dns == ["10.0.0.10", "fd00::a"]
+    with pytest.raises(SystemExit):
+        parse_options(["--cluster-dns", "10.0.0.300"])
+    with pytest.raises(SystemExit):
+        parse_options(["--cluster-domain", "Bad_Domain"])
+
+
+# --- through the sync loop, on the in-memory runtime --------------------------------------------
+
+
+async def test_the_runtime_gets_the_sandbox_config_and_each_container_the_files(
+    make_node: NodeFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 10.255.255.53\n")
+    node = await make_node(
+        container_runtime="docker",
+        cluster_dns=["10.96.0.10"],
+        cluster_domain="cluster.local",
+        resolv_conf=str(resolv),
+    )
+    pod = kubelet_pod("web", hostname="web-0", subdomain="web", setHostnameAsFQDN=True)
+    node.set_pods(pod)
+    await node.started(pod)
+    config = node.runtime.sandbox_configs[pod.uid]
+    assert config is not None and config.hostname == "web-0.web.default.svc.cluster.local"
+    assert config.dns.servers == ("10.96.0.10",) and config.dns.options == ("ndots:5",)
+    latest = node.runtime.latest(pod.uid, "c")
+    assert latest is not None
+    started = node.runtime.config_of(latest.id)
+    hosts = [m for m in started.mounts if m.container_path == "/etc/hosts"]
+    assert len(hosts) == 1 and hosts[0].host_path.endswith(f"/pods/{pod.uid}/etc-hosts")
+    assert started.resolv_conf is not None
+    assert await asyncio.to_thread(Path(started.resolv_conf).read_text) == (
+        "search default.svc.cluster.local svc.cluster.local cluster.local\n"
+        "nameserver 10.96.0.10\noptions ndots:5\n"
+    )
+
+    # Without --cluster-dns: the kubelet's MissingClusterDNS, on the node and on the pod.
+    bare = await make_node(container_runtime="docker", resolv_conf=str(resolv))
+    other = kubelet_pod("db")
+    bare.set_pods(other)
+    await bare.started(other)
+    assert [e.reason for e in bare.events(other, "MissingClusterDNS")] == ["MissingClusterDNS"]
+    assert bare.recorder.for_object("Node", "node-1", "")
