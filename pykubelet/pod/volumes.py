@@ -39,6 +39,7 @@ from typing import Protocol
 from pykubelet.api.model import Container, DownwardAPIVolumeFile, KeyToPath, Pod, Volume
 from pykubelet.api.quantity import parse_quantity, to_bytes
 from pykubelet.pod.envvars import Allocatable, ApiObjects, EnvError, field_ref_value, resource_value
+from pykubelet.pod.network import ETC_HOSTS_FILE, RESOLV_CONF_FILE
 from pykubelet.runtime.base import Mount
 
 log = logging.getLogger(__name__)
@@ -403,11 +404,14 @@ class VolumeManager:
             entries = list(os.scandir(self._dir))
         except FileNotFoundError:
             return []
-        # Only what this manager made: a directory holding "volumes".
+        # Only what the agent made: a directory holding "volumes", or a pod's etc-hosts or
+        # resolv.conf (pod/network.py).
+        made = ("volumes", ETC_HOSTS_FILE, RESOLV_CONF_FILE)
         return sorted(
             e.name
             for e in entries
-            if e.is_dir(follow_symlinks=False) and os.path.isdir(os.path.join(e.path, "volumes"))
+            if e.is_dir(follow_symlinks=False)
+            and any(os.path.lexists(os.path.join(e.path, name)) for name in made)
         )
 
     def _over_limit(self, pod: Pod) -> list[Exceeded]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ from pykubelet.pod.dns import (
     parse_resolv_conf,
     pod_dns,
 )
+from pykubelet.pod.envvars import Allocatable
 from pykubelet.pod.network import PodNetwork
+from pykubelet.pod.volumes import VolumeManager
 from pykubelet.runtime.base import DNSConfig, Mount
 from tests.unit.test_kubelet import NodeFactory, make_node  # noqa: F401 (the fixture)
 from tests.unit.test_kubelet import make_pod as kubelet_pod
@@ -255,6 +258,9 @@ async def test_pod_network_writes_the_files_in_the_pod_directory(tmp_path: Path)
     plain.metadata.uid = "u-2"
     assert (await host.sandbox_config(plain)).hostname is None
     assert await host.container_files(plain, "10.0.0.1", []) == ([], None)
+    # A pod that ended while no agent ran: housekeeping finds its directory by these files too.
+    volumes = VolumeManager(tmp_path, Allocatable(Fraction(1), 1 << 30, 1 << 30))
+    assert await volumes.pod_uids() == ["u-1"]
     extra, _ = await host.container_files(pod, "10.0.0.1", [])
     assert (
         (pod_dir / "etc-hosts")
