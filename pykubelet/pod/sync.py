@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pykubelet.api.model import Container, Pod
+from pykubelet.api.model import Container, Pod, PodStatus
 from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
@@ -46,7 +46,6 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     Runtime,
     RuntimeContainer,
-    RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
     StartError,
@@ -100,6 +99,8 @@ def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
     return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
 
 
+# How soon a pod whose sandbox could not be made (its hostname, its DNS) is tried again.
+SANDBOX_RETRY_SECONDS = 10.0
 # How soon a pod whose volumes could not be set up is tried again.
 VOLUME_RETRY_SECONDS = 2.0
 # A kill that interrupted a sync looks this long for a container the sync was starting (the
@@ -234,9 +235,7 @@ class PodSync:
             try:
                 sandbox_config = await self.network.sandbox_config(pod)
             except DnsError as e:
-                message = f"Failed to create pod sandbox: {e}"
-                self.recorder.record("Warning", "FailedCreatePodSandBox", message, _pod_ref(pod))
-                raise RuntimeFailure(f"pod {pod.key}: {message}") from e
+                return self._sandbox_failed(pod, runtime_pod, previous, str(e))
             sandbox = await self.runtime.run_sandbox(pod, sandbox_config)
             runtime_pod = await self.runtime.get_pod(uid)
         instances: dict[str, list[RuntimeContainer]] = defaultdict(list)
@@ -279,6 +278,20 @@ class PodSync:
             self._first_seen.pop(uid, None)
             return SyncResult(terminal=True)
         return SyncResult(requeue_after=min(state.requeue) if state.requeue else None)
+
+    def _sandbox_failed(
+        self, pod: Pod, runtime_pod: RuntimePod | None, previous: PodStatus | None, why: str
+    ) -> SyncResult:
+        """The sandbox cannot be made (its hostname or DNS): as the kubelet, an event and the
+        containers waiting in ContainerCreating, tried again later."""
+        message = f"Failed to create pod sandbox: {why}"
+        self.recorder.record("Warning", "FailedCreatePodSandBox", message, _pod_ref(pod))
+        waiting = {c.name: Waiting("ContainerCreating", message) for c in pod.all_containers()}
+        status = compute_pod_status(
+            pod, runtime_pod, waiting, previous, self.host_ip, False, probes=self.prober
+        )
+        self.statuses.set(pod.uid, status)
+        return SyncResult(requeue_after=SANDBOX_RETRY_SECONDS)
 
     async def _setup_volumes(self, pod: Pod, state: _Pass) -> bool:
         """Read the pod's ConfigMaps and Secrets and prepare its volumes. False: containers

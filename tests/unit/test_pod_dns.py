@@ -30,7 +30,7 @@ from pykubelet.pod.envvars import Allocatable
 from pykubelet.pod.network import PodNetwork
 from pykubelet.pod.volumes import VolumeManager
 from pykubelet.runtime.base import DNSConfig, Mount
-from tests.unit.test_kubelet import NodeFactory, make_node  # noqa: F401 (the fixture)
+from tests.unit.test_kubelet import NodeFactory, eventually, make_node  # noqa: F401 (the fixture)
 from tests.unit.test_kubelet import make_pod as kubelet_pod
 
 NODE = ResolvConf(("10.255.255.53",), ("corp.example",), ("edns0",))
@@ -404,3 +404,26 @@ async def test_the_runtime_gets_the_sandbox_config_and_each_container_the_files(
     await bare.started(other)
     assert [e.reason for e in bare.events(other, "MissingClusterDNS")] == ["MissingClusterDNS"]
     assert bare.recorder.for_object("Node", "node-1", "")
+
+
+async def test_a_sandbox_that_cannot_be_formed_waits_in_container_creating(
+    make_node: NodeFactory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    node = await make_node(
+        container_runtime="docker", cluster_domain="cluster.local", resolv_conf=""
+    )
+    pod = kubelet_pod("web", hostname="h" * 40, subdomain="sub", setHostnameAsFQDN=True)
+    node.set_pods(pod)
+
+    def waiting() -> str | None:
+        status = node.status(pod)
+        if status is None or not status.container_statuses:
+            return None
+        state = status.container_statuses[0].state.waiting
+        return state.message if state is not None and state.reason == "ContainerCreating" else None
+
+    message = await eventually("ContainerCreating", waiting)
+    assert message.startswith("Failed to create pod sandbox: failed to construct FQDN")
+    assert node.events(pod, "FailedCreatePodSandBox")
+    assert pod.uid not in node.runtime.sandbox_configs
