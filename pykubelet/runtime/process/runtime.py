@@ -338,7 +338,7 @@ class ProcessRuntime:
 
     async def run_sandbox(self, pod: Pod, config: SandboxConfig | None = None) -> RuntimeSandbox:
         # Every pod here is on the node's network and keeps its hostname: the hostname and the
-        # DNS of `config` are the node's (pykubelet.pod.dns decides so for this runtime), and a
+        # DNS of `config` are the node's (the agent tells pykubelet.pod.network so), and a
         # pod's own resolv.conf or hosts file reaches its containers as binds.
         check_component("pod UID", pod.uid)
         async with self._pod_lock(pod.uid):
