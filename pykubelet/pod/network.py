@@ -11,8 +11,9 @@ What this module promises:
 - `container_files` is what the kubelet adds to each container (makeMounts): the kubelet's
   `etc-hosts` in the pod's directory, rewritten at each start, bound at /etc/hosts unless the
   container mounts something there, and the path of the pod's resolv.conf (None: the node's).
-  On the node's network the hosts file is the node's own after its header, bound only when the
-  pod has hostAliases (without them it would be the node's file).
+  On the node's network the hosts file is the node's own after its header and before the
+  hostAliases; on a runtime whose pods are all there, bound only when the pod has hostAliases
+  (the node's own file is the same but for the header).
 
 A runtime whose pods all share the node's network (the process runtime) is told so:
 `all_host_network`, and then each pod is treated as a hostNetwork pod is (ClusterFirst falls
@@ -146,7 +147,8 @@ class PodNetwork:
         aliases = list(pod.spec.host_aliases or [])
         path = self._pod_dir(pod.uid) / ETC_HOSTS_FILE
         if self.host_network(pod):
-            if not aliases:
+            if not aliases and self._all_host_network:
+                # Its processes see the node's own file: the same but for the header.
                 return None
             content = node_hosts(
                 await asyncio.to_thread(_read_text, self._node_hosts_file), aliases

@@ -258,9 +258,17 @@ async def test_pod_network_writes_the_files_in_the_pod_directory(tmp_path: Path)
     plain.metadata.uid = "u-2"
     assert (await host.sandbox_config(plain)).hostname is None
     assert await host.container_files(plain, "10.0.0.1", []) == ([], None)
+    # A hostNetwork pod of a runtime with pod networks: the kubelet's file, header first.
+    hostnet = make_pod(hostNetwork=True)
+    hostnet.metadata.uid = "u-3"
+    extra, _ = await network.container_files(hostnet, "10.0.0.1", [])
+    assert extra == [Mount(str(tmp_path / "pods" / "u-3" / "etc-hosts"), "/etc/hosts")]
+    assert (tmp_path / "pods" / "u-3" / "etc-hosts").read_text() == (
+        "# Kubernetes-managed hosts file (host network).\n127.0.0.1 localhost\n"
+    )
     # A pod that ended while no agent ran: housekeeping finds its directory by these files too.
     volumes = VolumeManager(tmp_path, Allocatable(Fraction(1), 1 << 30, 1 << 30))
-    assert await volumes.pod_uids() == ["u-1"]
+    assert await volumes.pod_uids() == ["u-1", "u-3"]
     extra, _ = await host.container_files(pod, "10.0.0.1", [])
     assert (
         (pod_dir / "etc-hosts")
