@@ -14,7 +14,7 @@ PORT ?= 10255
 # fixture writes a private Podman configuration, builds the images and starts, then stops, the
 # service through scripts/podman-test-env), containerd and the CNI plugins for the remote (CRI)
 # runtime's (the same for scripts/containerd-test-env) and Chromium for the status page's.
-TEST_PACKAGES := podman runc busybox-static chromium containerd containernetworking-plugins
+TEST_PACKAGES := podman runc busybox-static chromium containerd containernetworking-plugins dnsmasq-base
 
 venv: $(STAMP)
 

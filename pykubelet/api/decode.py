@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from pykubelet.api.dns_validation import validate_pod_dns
 from pykubelet.api.errors import FieldError, ManifestError
 from pykubelet.api.model import Pod
 from pykubelet.api.validation import validate_pod
@@ -25,8 +26,8 @@ KNOWN_UNSUPPORTED = frozenset(
         "volumeDevices", "resizePolicy", "stdinOnce", "hostPID",
         "hostIPC", "imagePullSecrets", "runtimeClassName",
         "shareProcessNamespace", "overhead",
-        "dnsConfig", "hostAliases", "resourceClaims",
-        "setHostnameAsFQDN", "hostUsers",
+        "resourceClaims",
+        "hostUsers",
         # Container restart rules (KEP-5307, alpha after 1.32): refused by name, not guessed.
         "restartPolicyRules",
         # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
@@ -204,7 +205,7 @@ def _validated(obj: Any, location: str, prefix: Sequence[int | str], api_pod: bo
         raise ManifestError(location, _pydantic_errors(exc, prefix)) from None
     except RecursionError:
         raise ManifestError(location, [FieldError(where, "nested too deeply")]) from None
-    errors = validate_pod(pod, api_pod=api_pod)
+    errors = [*validate_pod(pod, api_pod=api_pod), *validate_pod_dns(pod.spec)]
     if errors:
         if prefix:
             errors = [

@@ -389,6 +389,22 @@ class PodReadinessGate(ApiModel):
     condition_type: str
 
 
+class PodDNSConfigOption(ApiModel):
+    name: str = ""
+    value: str | None = None
+
+
+class PodDNSConfig(ApiModel):
+    nameservers: list[str] | None = None
+    searches: list[str] | None = None
+    options: list[PodDNSConfigOption] | None = None
+
+
+class HostAlias(ApiModel):
+    ip: str = ""
+    hostnames: list[str] | None = None
+
+
 class PodSpec(ApiModel):
     containers: list[Container] = Field(default_factory=list)
     init_containers: list[Container] = Field(default_factory=list)
@@ -412,6 +428,9 @@ class PodSpec(ApiModel):
     enable_service_links: bool | None = None
     hostname: str | None = None
     subdomain: str | None = None
+    set_hostname_as_fqdn: bool | None = Field(default=None, alias="setHostnameAsFQDN")
+    dns_config: PodDNSConfig | None = None
+    host_aliases: list[HostAlias] | None = None
     node_selector: dict[str, str] | None = None
     tolerations: list[dict[str, Any]] | None = None
     security_context: PodSecurityContext | None = None

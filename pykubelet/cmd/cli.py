@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import resource
 import sys
@@ -81,6 +82,33 @@ def _path_list(text: str) -> list[str]:
         if not path.startswith("/"):
             raise argparse.ArgumentTypeError(f"{path!r} is not an absolute path")
     return paths
+
+
+def _ip_list(text: str) -> list[str]:
+    ips = [part.strip() for part in text.split(",") if part.strip()]
+    for ip in ips:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{ip!r} is not an IP address") from None
+    return ips
+
+
+class _Replace(argparse.Action):
+    """A repeatable list flag whose first use replaces the default (a --config file's list),
+    as a kubelet flag overrides its configuration; later uses extend it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        given = f"_{self.dest}_given"
+        current = getattr(namespace, self.dest) if getattr(namespace, given, False) else []
+        setattr(namespace, self.dest, [*current, *(values if isinstance(values, list) else [])])
+        setattr(namespace, given, True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -320,6 +348,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes (pids) each pod may have at once; -1: unlimited (default -1)",
     )
     p.add_argument(
+        "--cluster-dns",
+        type=_ip_list,
+        action=_Replace,
+        default=[],
+        metavar="IP[,IP...]",
+        help="the cluster's DNS servers: the nameservers of pods with dnsPolicy ClusterFirst",
+    )
+    p.add_argument(
+        "--cluster-domain",
+        default="",
+        metavar="DOMAIN",
+        help="the cluster's domain (e.g. cluster.local): pods search <ns>.svc.DOMAIN, "
+        "svc.DOMAIN and DOMAIN",
+    )
+    p.add_argument(
+        "--resolv-conf",
+        default="/etc/resolv.conf",
+        metavar="PATH",
+        help="the resolver file pods with dnsPolicy Default start from ('': none) "
+        "(default /etc/resolv.conf)",
+    )
+    p.add_argument(
         "--config",
         type=Path,
         metavar="PATH",
@@ -384,6 +434,9 @@ def parse_options(argv: Sequence[str]) -> Options:
         allowed_host_paths=ns.allowed_host_paths,
         allow_privileged=ns.allow_privileged,
         pod_max_pids=ns.pod_max_pids,
+        cluster_dns=ns.cluster_dns,
+        cluster_domain=ns.cluster_domain,
+        resolv_conf=ns.resolv_conf,
         log_format=ns.log_format,
         verbosity=ns.verbosity,
     )

@@ -24,7 +24,7 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 # KubeletConfiguration fields we know and do not implement: named so, not "unknown".
 NOT_SUPPORTED = frozenset(
     {
-        "cgroupDriver", "cgroupRoot", "clusterDNS", "clusterDomain",
+        "cgroupDriver", "cgroupRoot",
         "healthzPort", "healthzBindAddress", "evictionHard", "evictionSoft", "kubeReserved",
         "systemReserved", "featureGates", "imageGCHighThresholdPercent",
         "imageGCLowThresholdPercent", "serializeImagePulls", "registerNode",
@@ -113,6 +113,9 @@ class KubeletConfiguration(_Model):
     max_pods: int | None = Field(default=None, ge=1)
     pod_pids_limit: int | None = Field(default=None, ge=-1)
     container_runtime_endpoint: str | None = None
+    cluster_dns: list[str] | None = Field(default=None, alias="clusterDNS")
+    cluster_domain: str | None = None
+    resolv_conf: str | None = None
     logging: LoggingConfiguration | None = None
 
     @field_validator(
@@ -173,6 +176,9 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "max_pods": ("max_pods", int),
         "pod_pids_limit": ("pod_max_pids", int),
         "container_runtime_endpoint": ("container_runtime_endpoint", str),
+        "cluster_dns": ("cluster_dns", list),
+        "cluster_domain": ("cluster_domain", str),
+        "resolv_conf": ("resolv_conf", str),
         "file_check_frequency": ("file_check_frequency", parse_duration),
         "http_check_frequency": ("http_check_frequency", parse_duration),
         "sync_frequency": ("sync_frequency", parse_duration),

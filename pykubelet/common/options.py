@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 import ssl
@@ -93,6 +94,10 @@ class Options:
     allowed_host_paths: list[str] = field(default_factory=list)
     allow_privileged: bool = False
     pod_max_pids: int = -1  # per pod; -1: unlimited
+    # Pod DNS (pod/dns.py): the kubelet's clusterDNS, clusterDomain, resolvConf ("": none).
+    cluster_dns: list[str] = field(default_factory=list)
+    cluster_domain: str = ""
+    resolv_conf: str = "/etc/resolv.conf"
     log_format: str = "text"
     verbosity: int = 0
 
@@ -141,6 +146,9 @@ class Options:
             "maxPods": self.max_pods,
             "podPidsLimit": self.pod_max_pids,
             "containerRuntimeEndpoint": self.container_runtime_endpoint or "",
+            "clusterDNS": list(self.cluster_dns),
+            "clusterDomain": self.cluster_domain,
+            "resolvConf": self.resolv_conf,
             "logging": {"format": self.log_format, "verbosity": self.verbosity},
         }
 
@@ -210,6 +218,7 @@ class Options:
                     f"--manifest-url-ca-file: {self.manifest_url_ca_file}: not a readable PEM "
                     f"CA bundle ({exc})"
                 )
+        problems.extend(_dns_problems(self.cluster_dns, self.cluster_domain))
         if self.container_runtime not in RUNTIMES:
             problems.append(
                 f"--container-runtime: unsupported value {self.container_runtime!r}: "
@@ -218,6 +227,20 @@ class Options:
         return problems
 
 
+def _dns_problems(cluster_dns: list[str], cluster_domain: str) -> list[str]:
+    problems = []
+    for ip in cluster_dns:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            problems.append(f"--cluster-dns: {ip!r} is not an IP address")
+    labels = cluster_domain.removesuffix(".").split(".")
+    if cluster_domain and not all(_DNS_LABEL.match(label) for label in labels):
+        problems.append(f"--cluster-domain: {cluster_domain!r} is not a DNS domain name")
+    return problems
+
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 RUNTIMES = ("process", "docker", "remote")
 TLS_MIN_VERSIONS = ("VersionTLS10", "VersionTLS11", "VersionTLS12", "VersionTLS13")
 AUTHORIZATION_MODES = ("AlwaysAllow", "Webhook")

@@ -38,6 +38,7 @@ from pykubelet.kubelet.admission import (
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
+from pykubelet.pod.dns import ClusterSettings
 from pykubelet.pod.envvars import (
     Allocatable,
     NoServices,
@@ -45,6 +46,7 @@ from pykubelet.pod.envvars import (
     container_env,
     pod_service_env,
 )
+from pykubelet.pod.network import PodNetwork
 from pykubelet.pod.sync import PodSync, TerminatedListener
 from pykubelet.pod.tokens import TokenManager
 from pykubelet.pod.volumes import ObjectLookup, VolumeManager
@@ -100,6 +102,19 @@ class Kubelet:
         volumes = VolumeManager(
             options.root_dir, node, options.allowed_host_paths, TokenManager(objects)
         )
+        network = PodNetwork(
+            ClusterSettings(
+                tuple(options.cluster_dns),
+                options.cluster_domain,
+                options.resolv_conf,
+                host_ip,
+            ),
+            recorder,
+            options.node_name,
+            volumes.pod_dir,
+            # Process pods all share the node's network: its DNS rules for such pods apply.
+            all_host_network=options.container_runtime == "process",
+        )
         self._syncer = PodSync(
             runtime,
             statuses,
@@ -110,7 +125,8 @@ class Kubelet:
             volumes,
             node,
             objects,
-            self._services,
+            services=self._services,
+            network=network,
         )
         self._pods = PodStore()
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)

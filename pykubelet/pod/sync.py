@@ -15,12 +15,13 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pykubelet.api.model import Container, Pod
+from pykubelet.api.model import Container, Pod, PodStatus
 from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.config.types import API_SOURCE
 from pykubelet.pod.backoff import Backoff
+from pykubelet.pod.dns import ClusterSettings, DnsError
 from pykubelet.pod.envvars import (
     Allocatable,
     ApiObjects,
@@ -33,6 +34,7 @@ from pykubelet.pod.envvars import (
     pod_service_env,
     skipped_env_names,
 )
+from pykubelet.pod.network import PodNetwork
 from pykubelet.pod.volumes import (
     NoApiServer,
     ObjectLookup,
@@ -103,6 +105,8 @@ def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
     return ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid, field_path)
 
 
+# How soon a pod whose sandbox could not be made (its hostname, its DNS) is tried again.
+SANDBOX_RETRY_SECONDS = 10.0
 # How soon a pod whose volumes could not be set up is tried again.
 VOLUME_RETRY_SECONDS = 2.0
 # How soon a container that waits for the Services to be listed is tried again (no back-off:
@@ -186,9 +190,12 @@ class PodSync:
         node: Allocatable,
         objects: ObjectLookup | None = None,
         services: ServiceEnv | None = None,
+        network: PodNetwork | None = None,
     ) -> None:
         self.runtime = runtime
         self.volumes = volumes
+        # Hostnames, DNS and /etc/hosts (the kubelet's defaults without a network given).
+        self.network = network or PodNetwork(ClusterSettings(), recorder, "", volumes.pod_dir)
         self.node = node
         # ConfigMaps and Secrets: the API server's in cluster mode.
         self.objects: ObjectLookup = objects if objects is not None else NoApiServer()
@@ -238,7 +245,11 @@ class PodSync:
         runtime_pod = await self.runtime.get_pod(uid)
         sandbox = runtime_pod.sandbox if runtime_pod is not None else None
         if sandbox is None or not sandbox.ready:
-            sandbox = await self.runtime.run_sandbox(pod)
+            try:
+                sandbox_config = await self.network.sandbox_config(pod)
+            except DnsError as e:
+                return self._sandbox_failed(pod, runtime_pod, previous, str(e))
+            sandbox = await self.runtime.run_sandbox(pod, sandbox_config)
             runtime_pod = await self.runtime.get_pod(uid)
         instances: dict[str, list[RuntimeContainer]] = defaultdict(list)
         for c in runtime_pod.containers if runtime_pod else []:
@@ -283,6 +294,20 @@ class PodSync:
             self._first_seen.pop(uid, None)
             return SyncResult(terminal=True)
         return SyncResult(requeue_after=min(state.requeue) if state.requeue else None)
+
+    def _sandbox_failed(
+        self, pod: Pod, runtime_pod: RuntimePod | None, previous: PodStatus | None, why: str
+    ) -> SyncResult:
+        """The sandbox cannot be made (its hostname or DNS): as the kubelet, an event and the
+        containers waiting in ContainerCreating, tried again later."""
+        message = f"Failed to create pod sandbox: {why}"
+        self.recorder.record("Warning", "FailedCreatePodSandBox", message, _pod_ref(pod))
+        waiting = {c.name: Waiting("ContainerCreating", message) for c in pod.all_containers()}
+        status = compute_pod_status(
+            pod, runtime_pod, waiting, previous, self.host_ip, False, probes=self.prober
+        )
+        self.statuses.set(pod.uid, status)
+        return SyncResult(requeue_after=SANDBOX_RETRY_SECONDS)
 
     async def _setup_volumes(self, pod: Pod, state: _Pass) -> bool:
         """Read the pod's ConfigMaps and Secrets and prepare its volumes. False: containers
@@ -495,8 +520,9 @@ class PodSync:
                 services,
             )
             mounts = await self.volumes.container_mounts(pod, spec, state.volume_paths)
+            etc_mounts, resolv_conf = await self.network.container_files(pod, sandbox.ip, mounts)
             security = security_fields(pod, spec)
-        except (EnvError, VolumeError, SecurityError) as e:
+        except (EnvError, VolumeError, SecurityError, DnsError) as e:
             waiting = Waiting("CreateContainerConfigError", str(e))
             state.waiting[spec.name] = waiting
             self.backoff.record_start(key)
@@ -529,7 +555,8 @@ class PodSync:
             host_ports=[
                 (p.host_port, p.container_port, p.protocol) for p in spec.ports if p.host_port
             ],
-            mounts=mounts,
+            mounts=[*mounts, *etc_mounts],
+            resolv_conf=resolv_conf,
             run_as_user=security.run_as_user,
             run_as_group=security.run_as_group,
             supplemental_groups=security.supplemental_groups,

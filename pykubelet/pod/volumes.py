@@ -49,6 +49,7 @@ from pykubelet.api.model import (
 )
 from pykubelet.api.quantity import parse_quantity, to_bytes
 from pykubelet.pod.envvars import Allocatable, ApiObjects, EnvError, field_ref_value, resource_value
+from pykubelet.pod.network import ETC_HOSTS_FILE, RESOLV_CONF_FILE
 from pykubelet.pod.tokens import (
     DEFAULT_EXPIRATION_SECONDS,
     IssuedToken,
@@ -539,11 +540,14 @@ class VolumeManager:
             entries = list(os.scandir(self._dir))
         except FileNotFoundError:
             return []
-        # Only what this manager made: a directory holding "volumes".
+        # Only what the agent made: a directory holding "volumes", or a pod's etc-hosts or
+        # resolv.conf (pod/network.py).
+        made = ("volumes", ETC_HOSTS_FILE, RESOLV_CONF_FILE)
         return sorted(
             e.name
             for e in entries
-            if e.is_dir(follow_symlinks=False) and os.path.isdir(os.path.join(e.path, "volumes"))
+            if e.is_dir(follow_symlinks=False)
+            and any(os.path.lexists(os.path.join(e.path, name)) for name in made)
         )
 
     def _over_limit(self, pod: Pod) -> list[Exceeded]:

@@ -97,6 +97,39 @@ class Mount:
 
 
 @dataclass(frozen=True)
+class DNSConfig:
+    """A pod's resolver configuration as the kubelet hands it to a runtime (the CRI's
+    DNSConfig), decided above the runtime (pykubelet.pod.dns). Empty: the node's own
+    /etc/resolv.conf, as containerd then copies it."""
+
+    servers: tuple[str, ...] = ()
+    searches: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.servers or self.searches or self.options)
+
+    def resolv_conf(self) -> str:
+        """The file, written as containerd writes it from a sandbox's DNSConfig."""
+        out = ""
+        if self.searches:
+            out += "search " + " ".join(self.searches) + "\n"
+        out += "".join(f"nameserver {server}\n" for server in self.servers)
+        if self.options:
+            out += "options " + " ".join(self.options) + "\n"
+        return out
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """What the kubelet decides for a pod's sandbox, as data: the kernel hostname (None: the
+    node's, a pod on the host's network) and the resolver (empty: the node's own)."""
+
+    hostname: str | None = None
+    dns: DNSConfig = field(default_factory=DNSConfig)
+
+
+@dataclass(frozen=True)
 class ContainerConfig:
     """A container to start, with everything resolved by the sync layer."""
 
@@ -128,6 +161,10 @@ class ContainerConfig:
     # An ephemeral container's targetContainerName, resolved to the runtime id of that
     # container's latest instance: the new container joins its process namespace.
     target_container_id: str | None = None
+    # The pod's resolv.conf on the host (its SandboxConfig.dns written out), for the backends
+    # that bind it at /etc/resolv.conf themselves; a CRI runtime writes its own from the
+    # sandbox's DNSConfig. None: the node's own file.
+    resolv_conf: str | None = None
 
 
 # Kubernetes keeps at most this much of an exec probe's output.
@@ -316,8 +353,9 @@ class Runtime(Protocol):
 
     async def get_pod(self, uid: str) -> RuntimePod | None: ...
 
-    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
-        """Create the pod's sandbox, or return the ready one that exists."""
+    async def run_sandbox(self, pod: Pod, config: SandboxConfig | None = None) -> RuntimeSandbox:
+        """Create the pod's sandbox, or return the ready one that exists. `config`: its
+        hostname and DNS (None: the pod's name, the runtime's own resolver)."""
 
     async def start_container(
         self, pod: Pod, sandbox: RuntimeSandbox, config: ContainerConfig

@@ -19,6 +19,7 @@ from pykubelet.runtime.base import (
     RuntimeContainer,
     RuntimePod,
     RuntimeSandbox,
+    SandboxConfig,
     StartError,
 )
 
@@ -55,8 +56,8 @@ class InstrumentedRuntime:
     async def get_pod(self, uid: str) -> RuntimePod | None:
         return await self._count("get_pod", lambda: self.inner.get_pod(uid))
 
-    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
-        return await self._count("run_sandbox", lambda: self.inner.run_sandbox(pod))
+    async def run_sandbox(self, pod: Pod, config: SandboxConfig | None = None) -> RuntimeSandbox:
+        return await self._count("run_sandbox", lambda: self.inner.run_sandbox(pod, config))
 
     async def start_container(
         self, pod: Pod, sandbox: RuntimeSandbox, config: ContainerConfig

@@ -71,6 +71,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
+    SandboxConfig,
     StartError,
     ensure_image,
 )
@@ -393,6 +394,8 @@ class FakeRuntime:
         self.started = started
         self.calls: list[Call] = []
         self._pods: dict[str, _Pod] = {}
+        # The SandboxConfig of the latest run_sandbox of each pod (uid).
+        self.sandbox_configs: dict[str, SandboxConfig | None] = {}
         self._listeners: list[ChangeListener] = []
         self._behaviours: dict[str, Behaviour] = {}
         self._failures: list[_Failure] = []
@@ -555,8 +558,9 @@ class FakeRuntime:
         pod = self._pods.get(uid)
         return self._view(pod) if pod is not None else None
 
-    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
+    async def run_sandbox(self, pod: Pod, config: SandboxConfig | None = None) -> RuntimeSandbox:
         await self._enter("run_sandbox", pod.uid)
+        self.sandbox_configs[pod.uid] = config
         state = self._pods.get(pod.uid)
         if state is not None and state.sandbox is not None and state.sandbox.ready:
             return state.sandbox

@@ -27,6 +27,7 @@ from pykubelet.runtime.base import (
     LABEL_SPEC_HASH,
     ContainerConfig,
     ContainerRunState,
+    SandboxConfig,
     StartError,
 )
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
@@ -76,9 +77,27 @@ def _wants_privileged(pod: Pod) -> bool:
     )
 
 
-def sandbox_config(pod: Pod, attempt: int, log_directory: str) -> Any:
+def sandbox_config(
+    pod: Pod, attempt: int, log_directory: str, config: SandboxConfig | None = None
+) -> Any:
+    """The PodSandboxConfig, with the hostname and DNSConfig of `config` (the runtime writes
+    the sandbox's /etc/hostname and /etc/resolv.conf from them)."""
     meta = pod.metadata
     host_network = bool(pod.spec.host_network)
+    if config is None:
+        hostname = "" if host_network else pod_hostname(pod)
+        dns = None
+    else:
+        hostname = config.hostname or ""
+        dns = (
+            api.DNSConfig(
+                servers=config.dns.servers,
+                searches=config.dns.searches,
+                options=config.dns.options,
+            )
+            if config.dns
+            else None
+        )
     ports = []
     for spec in [*pod.spec.init_containers, *pod.spec.containers]:
         for port in spec.ports:
@@ -96,8 +115,9 @@ def sandbox_config(pod: Pod, attempt: int, log_directory: str) -> Any:
         metadata=api.PodSandboxMetadata(
             name=meta.name, uid=pod.uid, namespace=meta.namespace, attempt=attempt
         ),
-        hostname="" if host_network else pod_hostname(pod),
+        hostname=hostname,
         log_directory=log_directory,
+        dns_config=dns,
         port_mappings=ports,
         labels={
             LABEL_MANAGED: "true",

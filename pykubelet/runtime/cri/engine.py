@@ -40,6 +40,7 @@ from pykubelet.runtime.base import (
     ExecStream,
     LogTimes,
     RuntimeFailure,
+    SandboxConfig,
     StartError,
 )
 from pykubelet.runtime.cri.client import CALL_TIMEOUT, CriClient, CriError, unix_socket_path
@@ -136,6 +137,9 @@ class CriEngine:
         self._poll_interval = poll_interval
         self._client: CriClient | None = None
         self._host_network: set[str] = set()  # sandbox ids in the node's network namespace
+        # The SandboxConfig each sandbox was run with, for the CreateContainer requests in it
+        # (the runtime takes the container's HOSTNAME from them); unknown after a restart.
+        self._sandbox_configs: dict[str, SandboxConfig] = {}
         self._memory_capacity = 0  # bytes, for the OOM score of burstable containers
 
     # --- connection -----------------------------------------------------------------------------
@@ -269,6 +273,7 @@ class CriEngine:
 
     def forget(self, id: str) -> None:
         self._host_network.discard(id)
+        self._sandbox_configs.pop(id, None)
 
     # --- sandboxes ------------------------------------------------------------------------------
 
@@ -281,9 +286,9 @@ class CriEngine:
     def _logs_root(self) -> Path:
         return self._root_dir / "logs" / "pods"
 
-    async def create_sandbox(self, pod: Pod, attempt: int) -> str:
+    async def create_sandbox(self, pod: Pod, attempt: int, wanted: SandboxConfig | None) -> str:
         log_dir = self._log_dir(pod)
-        config = sandbox_config(pod, attempt, str(log_dir))
+        config = sandbox_config(pod, attempt, str(log_dir), wanted)
         await asyncio.to_thread(os.makedirs, log_dir, mode=0o755, exist_ok=True)
         try:
             reply = await self._call(
@@ -294,6 +299,8 @@ class CriEngine:
         sid = str(reply.pod_sandbox_id)
         if pod.spec.host_network:
             self._host_network.add(sid)
+        if wanted is not None:
+            self._sandbox_configs[sid] = wanted
         return sid
 
     async def start_sandbox(self, pod: Pod, id: str) -> None:
@@ -336,7 +343,9 @@ class CriEngine:
         return container_config(pod, config, self._memory_capacity)
 
     async def create_container(self, pod: Pod, sandbox: SandboxEntry, request: Any) -> str:
-        config = sandbox_config(pod, sandbox.attempt, str(self._log_dir(pod)))
+        config = sandbox_config(
+            pod, sandbox.attempt, str(self._log_dir(pod)), self._sandbox_configs.get(sandbox.id)
+        )
         await asyncio.to_thread(
             os.makedirs,
             Path(config.log_directory) / request.metadata.name,

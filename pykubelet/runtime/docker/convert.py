@@ -20,6 +20,8 @@ from pykubelet.runtime.base import (
     LABEL_SPEC_HASH,
     ContainerConfig,
     ContainerRunState,
+    Mount,
+    SandboxConfig,
     StartError,
 )
 from pykubelet.runtime.logfiles import parse_time as parse_record_time
@@ -83,7 +85,11 @@ def security_fields(config: ContainerConfig, pids_limit: int) -> dict[str, Any]:
     kubelet's Docker integration set them. Keys prefixed "HostConfig." go into HostConfig."""
     out: dict[str, Any] = {}
     binds = []
-    for m in config.mounts:
+    mounts = list(config.mounts)
+    if config.resolv_conf is not None:
+        # The pod's resolv.conf, as the kubelet's Docker integration rewrote the sandbox's.
+        mounts.append(Mount(config.resolv_conf, "/etc/resolv.conf", read_only=False))
+    for m in mounts:
         for path in (m.host_path, m.container_path):
             if not path.startswith("/") or ":" in path:
                 raise StartError(
@@ -131,8 +137,11 @@ def _labels(pod: Pod, kind: str, name: str, attempt: int) -> dict[str, str]:
     }
 
 
-def sandbox_body(pod: Pod, image: str, attempt: int) -> dict[str, Any]:
-    """The create request of a pod's infra container, which owns its namespaces and ports."""
+def sandbox_body(
+    pod: Pod, image: str, attempt: int, config: SandboxConfig | None = None
+) -> dict[str, Any]:
+    """The create request of a pod's infra container, which owns its namespaces and ports, with
+    the hostname of `config` (its DNS reaches each container as a bind: container_body)."""
     host_config: dict[str, Any] = {"RestartPolicy": {"Name": "no"}}
     body: dict[str, Any] = {
         "Image": image,
@@ -144,7 +153,8 @@ def sandbox_body(pod: Pod, image: str, attempt: int) -> dict[str, Any]:
         host_config["UTSMode"] = "host"
         host_config["IpcMode"] = "shareable"
         return body
-    body["Hostname"] = pod_hostname(pod)
+    hostname = config.hostname if config is not None else None
+    body["Hostname"] = hostname or pod_hostname(pod)
     # Docker lets others join the IPC namespace only of a container created "shareable".
     host_config["IpcMode"] = "shareable"
     exposed: dict[str, dict[str, Any]] = {}

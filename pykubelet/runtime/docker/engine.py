@@ -46,6 +46,7 @@ from pykubelet.runtime.base import (
     ExecStream,
     LogTimes,
     RuntimeFailure,
+    SandboxConfig,
     StartError,
 )
 from pykubelet.runtime.docker.client import DockerClient, EngineError, ExecSession
@@ -318,10 +319,10 @@ class DockerEngine:
 
     # --- sandboxes ------------------------------------------------------------------------------
 
-    async def create_sandbox(self, pod: Pod, attempt: int) -> str:
+    async def create_sandbox(self, pod: Pod, attempt: int, config: SandboxConfig | None) -> str:
         name = container_name(SANDBOX_NAME, pod, attempt)
         try:
-            return await self._create(name, sandbox_body(pod, self._infra_image, attempt))
+            return await self._create(name, sandbox_body(pod, self._infra_image, attempt, config))
         except EngineError as e:
             if e.conflict:
                 raise NameInUse([name], e.message) from e

@@ -51,6 +51,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
+    SandboxConfig,
     StartError,
     dial_local_port,
 )
@@ -360,7 +361,10 @@ class ProcessRuntime:
 
     # --- sandboxes ------------------------------------------------------------------------------
 
-    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
+    async def run_sandbox(self, pod: Pod, config: SandboxConfig | None = None) -> RuntimeSandbox:
+        # Every pod here is on the node's network and keeps its hostname: the hostname and the
+        # DNS of `config` are the node's (the agent tells pykubelet.pod.network so), and a
+        # pod's own resolv.conf or hosts file reaches its containers as binds.
         check_component("pod UID", pod.uid)
         async with self._pod_lock(pod.uid):
             state = self._pods.get(pod.uid)

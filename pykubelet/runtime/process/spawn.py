@@ -167,7 +167,11 @@ def launch_config(
         or (config.run_as_group is not None and config.run_as_group != os.getegid())
         or bool(config.supplemental_groups)
     )
-    mounts = bool(config.mounts) or config.read_only_root_filesystem
+    binds = list(config.mounts)
+    if config.resolv_conf is not None:
+        # The pod's own resolver (dnsPolicy, dnsConfig), bound over the node's.
+        binds.append(Mount(config.resolv_conf, "/etc/resolv.conf"))
+    mounts = bool(binds) or config.read_only_root_filesystem
     # A terminal becomes the controlling terminal in the launcher (Popen has no safe way).
     if not (identity or mounts or cgroups or config.tty):
         return None
@@ -184,13 +188,13 @@ def launch_config(
             f"runAsUser/runAsGroup/supplementalGroups need an agent running as root "
             f"(CAP_SETUID, CAP_SETGID); this agent runs as uid {os.geteuid()} without them",
         )
-    for m in config.mounts:
+    for m in binds:
         _check_mount(m)
     return {
         "cgroups": [],
         "mounts": [
             {"source": m.host_path, "target": m.container_path, "read_only": m.read_only}
-            for m in config.mounts
+            for m in binds
         ],
         "read_only_root": config.read_only_root_filesystem,
         "uid": config.run_as_user,

@@ -46,6 +46,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
+    SandboxConfig,
     SharedPulls,
     StartError,
     dial_local_port,
@@ -171,7 +172,7 @@ class SandboxRuntime(Generic[R]):
 
     # --- sandboxes ------------------------------------------------------------------------------
 
-    async def run_sandbox(self, pod: Pod) -> RuntimeSandbox:
+    async def run_sandbox(self, pod: Pod, config: SandboxConfig | None = None) -> RuntimeSandbox:
         async with self._pod_lock(pod.uid):
             current = pick_sandbox(self._cache.sandboxes(pod.uid))
             if current is not None and current.ready:
@@ -189,7 +190,9 @@ class SandboxRuntime(Generic[R]):
             )
             try:
                 sid = await self._replacing(
-                    pod, lambda: self._engine.create_sandbox(pod, attempt), self._discard_sandbox
+                    pod,
+                    lambda: self._engine.create_sandbox(pod, attempt, config),
+                    self._discard_sandbox,
                 )
             except NameInUse as e:
                 raise RuntimeFailure(f"cannot create the sandbox of pod {pod.key}: {e}") from e

@@ -32,6 +32,7 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     LogTimes,
+    SandboxConfig,
 )
 
 
@@ -173,9 +174,10 @@ class Engine(Inspector, Protocol[R]):
 
     # --- sandboxes ------------------------------------------------------------------------------
 
-    async def create_sandbox(self, pod: Pod, attempt: int) -> str:
+    async def create_sandbox(self, pod: Pod, attempt: int, config: SandboxConfig | None) -> str:
         """Create the pod's sandbox of that attempt (where the engine starts it at once, start
-        it too); its id. NameInUse if a leftover holds the attempt's name."""
+        it too), with the hostname and DNS of `config` (None: the pod's name, the engine's
+        own resolver); its id. NameInUse if a leftover holds the attempt's name."""
         ...
 
     async def start_sandbox(self, pod: Pod, id: str) -> None:
