@@ -108,13 +108,11 @@ class RemoteCommandStream:
         streams: dict[str, SpdyStream],
         what: str,
         *,
-        tty: bool,
         drop_input: bool = False,
         ended: Callable[[], Awaitable[int | None]] | None = None,
     ) -> None:
         self._session = session
         self._what = what
-        self._tty = tty
         self._drop_input = drop_input
         self._ended = ended
         self._stdin = streams.get("stdin")
@@ -275,9 +273,7 @@ async def open_stream(
     except BaseException:
         await session.close()
         raise
-    return RemoteCommandStream(
-        session, opened, what, tty=streams.tty, drop_input=drop_input, ended=ended
-    )
+    return RemoteCommandStream(session, opened, what, drop_input=drop_input, ended=ended)
 
 
 async def _open_streams(session: SpdySession, streams: Streams) -> dict[str, SpdyStream]:
