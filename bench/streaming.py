@@ -594,7 +594,7 @@ def _tcp_transfer(port: int, mode: str, size: int) -> float:
 async def _spdy_transfer(secure_url: str, pod: str, port: int, mode: str, size: int) -> float:
     """The same over a SPDY/3.1 port-forward session of our own, straight to the node: the
     upgrade of a TLS connection, then an error and a data stream for the one connection."""
-    from pykubelet.server.streaming.spdy import SpdySession
+    from pykubelet.common.spdy import SpdySession
 
     url = urllib.parse.urlsplit(secure_url)
     host, node_port = url.hostname or "", url.port or 443

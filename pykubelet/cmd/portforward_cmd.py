@@ -5,7 +5,7 @@ through a node's kubelet API, as `kubectl port-forward` does.
   free local port). Each is listened on at `--address` (127.0.0.1) and announced as kubectl
   does: `Forwarding from 127.0.0.1:8080 -> 80`; each connection: `Handling connection for 8080`.
 - **One SPDY/3.1 session per invocation** (`Upgrade: SPDY/3.1`, `X-Stream-Protocol-Version:
-  portforward.k8s.io`, over TLS; `server/streaming/spdy.py`'s client session), and per accepted
+  portforward.k8s.io`, over TLS; `common/spdy.py`'s client session), and per accepted
   connection a new pair of streams: `streamtype` error then data, with `port` and a new
   `requestid`. Why SPDY and not the WebSocket channel protocol: over channels a WebSocket
   carries one connection per port, for its whole life (no stream per connection, no half-close),
@@ -39,8 +39,8 @@ from pykubelet.cmd.nodeclient import (
     get_pod,
     quote,
 )
-from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
-from pykubelet.server.streaming.spdy_frames import SpdyError
+from pykubelet.common.spdy import SpdySession, SpdyStream
+from pykubelet.common.spdy_frames import SpdyError
 
 PORT_FORWARD_PROTOCOL = "portforward.k8s.io"
 CHUNK = 32 * 1024

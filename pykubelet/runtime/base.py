@@ -330,7 +330,9 @@ class ExecStream(Protocol):
         """The terminal's new size (only with tty)."""
 
     async def wait(self) -> int | None:
-        """Its exit code once it has exited (None: killed by a signal or unknown)."""
+        """Its exit code once it has exited (None: killed by a signal or unknown).
+        RuntimeFailure with the runtime's reason if the runtime reports that it failed
+        otherwise (a remote runtime tells that a command could not start only here)."""
 
     async def close(self) -> None:
         """Kill it if it still runs and release what it holds; safe to call twice."""

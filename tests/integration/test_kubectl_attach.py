@@ -1,5 +1,6 @@
 """`kubectl attach` end to end: the real kubectl, the fixture API server relaying pods/attach to
-the real agent's kubelet API, and the container's own stdio on the process runtime and docker.
+the real agent's kubelet API, and the container's own stdio on the process runtime, docker and
+the remote runtime (containerd's streaming server).
 
 A container with `stdin: true` reads what the attach sends; with `stdinOnce` its stdin closes
 when that attach ends; with `tty: true` it has a terminal of the size of kubectl's, and killing
@@ -30,9 +31,11 @@ from tests.integration.test_kubelet_api import (
     KUBECTL,
     NODE,
     PROTOCOLS,
+    STREAM_RUNTIMES,
     apiserver,
     kubectl,
     kubectl_stream,
+    runtime_flags,
 )
 
 __all__ = ["apiserver"]  # the fixture, shared with test_kubelet_api
@@ -47,11 +50,14 @@ def start_node(
     return client, kubeconfig
 
 
-@pytest.fixture
+@pytest.fixture(params=STREAM_RUNTIMES)
 def node(
-    apiserver: ApiServer, start_agent: Callable[..., Agent], tmp_path: Path
+    request: pytest.FixtureRequest,
+    apiserver: ApiServer,
+    start_agent: Callable[..., Agent],
+    tmp_path: Path,
 ) -> tuple[KubeClient, Path]:
-    return start_node(apiserver, start_agent, tmp_path)
+    return start_node(apiserver, start_agent, tmp_path, *runtime_flags(request))
 
 
 def stdio_pod(client: KubeClient, name: str, script: str, **stdio: bool) -> None:

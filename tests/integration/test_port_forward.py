@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import pytest
 
-from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
+from pykubelet.common.spdy import SpdySession, SpdyStream
 from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import Agent, Backend, wait_for
 from tests.integration.kubelet_node import https_apiserver, start_kubelet_node

@@ -190,62 +190,98 @@ async def test_exec_stop_and_adoption(
     assert pod.uid not in {p.uid for p in await runtime.list_pods()}
 
 
-async def test_exec_stream_without_stdin_over_exec_sync(runtime: CriRuntime) -> None:
+async def collect(stream: Any) -> list[tuple[str, bytes]]:
+    """The output, consecutive chunks of one stream joined (how they are cut is the runtime's)."""
+    joined: list[tuple[str, bytes]] = []
+    async for name, data in stream.output():
+        if joined and joined[-1][0] == name:
+            joined[-1] = (name, joined[-1][1] + data)
+        else:
+            joined.append((name, data))
+    return joined
+
+
+async def test_exec_stream_over_the_runtime_streaming_server(runtime: CriRuntime) -> None:
     pod = make_pod("exec-stream")
     runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
     sandbox = await runtime.run_sandbox(pod)
     c = await runtime.start_container(pod, sandbox, config(FOREVER, env=[("GREETING", "hi")]))
-    script = "echo out; echo err >&2; echo $GREETING; exit 3"
+    # No stdin: stdout and stderr apart, and the exit code.
+    script = "echo out; echo $GREETING; sleep 0.2; echo err >&2; exit 3"
     stream = await runtime.exec_stream(c, ["/bin/sh", "-c", script], [], stdin=False, tty=False)
     try:
-        chunks = [chunk async for chunk in stream.output()]
-        assert chunks == [(STDOUT, b"out\nhi\n"), (STDERR, b"err\n")]
+        assert await collect(stream) == [(STDOUT, b"out\nhi\n"), (STDERR, b"err\n")]
         assert await stream.wait() == 3
+        with pytest.raises(RuntimeFailure, match="standard input is not attached"):
+            await stream.write_stdin(b"x")
     finally:
         await stream.close()
 
-    # Longer than the moment exec_stream waits for a failure: the output comes at its end.
-    started = time.monotonic()
-    stream = await runtime.exec_stream(
-        c, ["/bin/sh", "-c", "sleep 2; echo late"], [], stdin=False, tty=False
-    )
+    # stdin, and its end: cat copies it and exits 0.
+    stream = await runtime.exec_stream(c, ["cat"], [], stdin=True, tty=False)
     try:
-        assert time.monotonic() - started < 2
-        assert [chunk async for chunk in stream.output()] == [(STDOUT, b"late\n")]
+        await stream.write_stdin(b"one\n")
+        await stream.write_stdin(b"two\n")
+        await stream.close_stdin()
+        assert await collect(stream) == [(STDOUT, b"one\ntwo\n")]
         assert await stream.wait() == 0
     finally:
         await stream.close()
 
-    # Closed while it runs: the call is cancelled, and the runtime kills the command.
+    # A terminal: one output stream, its size as set (containerd applies a size only once the
+    # command has started: it asks until it has one).
+    script = (
+        'read -r line; i=0; while [ $i -lt 50 ]; do s=$(stty size 2>/dev/null); [ -n "$s" ] '
+        '&& break; i=$((i + 1)); sleep 0.1; done; echo "$s"; echo got $line'
+    )
+    stream = await runtime.exec_stream(c, ["/bin/sh", "-c", script], [], stdin=True, tty=True)
+    try:
+        await stream.resize(91, 17)
+        await stream.write_stdin(b"x\r")
+        output = b"".join([data async for name, data in stream.output() if name == STDOUT])
+        assert b"17 91" in output and b"got x" in output
+        assert await stream.wait() == 0
+    finally:
+        await stream.close()
+
+    # Closed while it runs: close() returns, whatever the command does.
     stream = await runtime.exec_stream(c, ["sleep", "600"], [], stdin=False, tty=False)
     started = time.monotonic()
     await stream.close()
     assert time.monotonic() - started < 5
 
-    with pytest.raises(RuntimeFailure, match="no-such-command"):
-        await runtime.exec_stream(c, ["no-such-command"], [], stdin=False, tty=False)
+    # A command that cannot start: the runtime's reason.
+    stream = await runtime.exec_stream(c, ["no-such-command"], [], stdin=False, tty=False)
+    try:
+        assert await collect(stream) == []
+        with pytest.raises(RuntimeFailure, match="no-such-command"):
+            await stream.wait()
+    finally:
+        await stream.close()
 
-
-async def test_exec_stream_with_stdin_or_a_terminal_is_refused(runtime: CriRuntime) -> None:
-    pod = make_pod("exec-refused")
-    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
-    sandbox = await runtime.run_sandbox(pod)
-    c = await runtime.start_container(pod, sandbox, config(FOREVER))
-    refusal = (
-        "exec with stdin or a terminal on the remote runtime needs the CRI streaming server, "
-        "which pykubelet does not proxy yet"
-    )
-    for stdin, tty in ((True, False), (False, True), (True, True)):
-        with pytest.raises(RuntimeFailure) as e:
-            await runtime.exec_stream(c, ["cat"], [], stdin=stdin, tty=tty)
-        assert str(e.value) == refusal
-    # attach needs the same streaming server: refused, saying so.
-    with pytest.raises(RuntimeFailure, match="attach to container c on the remote runtime needs"):
-        await runtime.attach(c, stdin=True, tty=False)
     await runtime.stop_container(c, 10)
     await exited(runtime, c)
     with pytest.raises(RuntimeFailure, match="not running"):
         await runtime.exec_stream(c, ["true"], [], stdin=False, tty=False)
+
+
+async def test_attach_to_a_container_with_stdin(runtime: CriRuntime) -> None:
+    pod = make_pod("attach")
+    runtime.test_uids.append(pod.uid)  # type: ignore[attr-defined]
+    sandbox = await runtime.run_sandbox(pod)
+    script = 'while read -r line; do echo "[$line]"; [ "$line" = bye ] && exit 4; done'
+    c = await runtime.start_container(pod, sandbox, config(script, stdin=True))
+    stream = await runtime.attach(c, stdin=True, tty=False)
+    try:
+        await stream.write_stdin(b"hello\n")
+        await stream.write_stdin(b"bye\n")
+        assert await collect(stream) == [(STDOUT, b"[hello]\n[bye]\n")]
+        assert await stream.wait() == 4  # the container's exit
+    finally:
+        await stream.close()
+    await exited(runtime, c)
+    with pytest.raises(RuntimeFailure, match="not running"):
+        await runtime.attach(c, stdin=True, tty=False)
 
 
 async def test_memory_limit_is_reported_as_oomkilled(runtime: CriRuntime) -> None:

@@ -22,6 +22,8 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType, web
 
+from pykubelet.common.spdy import SpdySession, SpdyStream
+from pykubelet.common.spdy_frames import SpdyStreamReset
 from pykubelet.runtime.base import RuntimeFailure, dial_local_port
 from pykubelet.runtime.sandbox.netns import socket_in
 from pykubelet.server.streaming import portforward
@@ -33,8 +35,6 @@ from pykubelet.server.streaming.portforward import (
     parse_ports,
     serve_port_forward,
 )
-from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
-from pykubelet.server.streaming.spdy_frames import SpdyStreamReset
 from tests.fakes.runtime import FakeRuntime
 from tests.unit.test_fake_runtime_contract import make_pod
 

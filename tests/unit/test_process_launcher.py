@@ -175,10 +175,15 @@ async def test_launched_container_is_adopted_after_a_restart(tmp_path: Path) -> 
         await b.start()
         adopted = await current(b, c)
         assert adopted.state is ContainerRunState.RUNNING and adopted.pid == c.pid
-        # The pid is the one the launcher exec'd into: it is the user's `sleep` now.
+        # The pid is the one the launcher exec'd into: it is the user's `sleep` now (on a busy
+        # machine the exec may come a moment after the start was reported).
+        for _ in range(100):
+            if proc_file(c.pid, "cmdline") == b"sleep\x0060\x00":
+                break
+            await asyncio.sleep(0.05)
+        assert proc_file(c.pid, "cmdline") == b"sleep\x0060\x00"
         status = proc_file(c.pid, "status").decode()
         assert "\nUid:\t65534\t" in status
-        assert proc_file(c.pid, "cmdline") == b"sleep\x0060\x00"
         await b.stop_container(adopted, grace_seconds=5)
         assert (await current(b, c)).state is ContainerRunState.EXITED
         await b.remove_pod(pod.uid)

@@ -1,4 +1,4 @@
-"""SPDY/3.1 (pykubelet/server/streaming/spdy.py) and taking aiohttp connections over for it
+"""SPDY/3.1 (pykubelet/common/spdy.py) and taking aiohttp connections over for it
 (hijack.py): frames against bytes written out from the SPDY/3 draft and spdystream, sessions
 over real 127.0.0.1 sockets, flow control, and an upgrade through an aiohttp server on TLS."""
 
@@ -23,9 +23,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from pykubelet.server.streaming.hijack import HijackError, upgrade_to_spdy, upgraded_response
-from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
-from pykubelet.server.streaming.spdy_frames import (
+from pykubelet.common.spdy import SpdySession, SpdyStream
+from pykubelet.common.spdy_frames import (
     FLAG_FIN,
     FLAG_UNIDIRECTIONAL,
     HEADER_DICTIONARY,
@@ -53,6 +52,7 @@ from pykubelet.server.streaming.spdy_frames import (
     decode_header_block,
     encode_header_block,
 )
+from pykubelet.server.streaming.hijack import HijackError, upgrade_to_spdy, upgraded_response
 
 Reader = asyncio.StreamReader
 Writer = asyncio.StreamWriter
@@ -539,6 +539,22 @@ async def test_reset_by_either_side() -> None:
         again = await client.open_stream({"streamtype": "stdout"})
         accepted = await server.accept_stream()
         assert accepted is not None and accepted.id == again.id == 3
+
+
+async def test_data_before_the_peers_reset_is_still_read() -> None:
+    # The Kubernetes streaming server writes the Status on the error stream and resets it
+    # right behind: the Status must not be lost.
+    async with sessions() as (server, client):
+        ours = await client.open_stream({"streamtype": "error"})
+        theirs = await server.accept_stream()
+        assert theirs is not None
+        await theirs.reply()
+        await theirs.write(b'{"status":"Success"}')
+        theirs.reset()
+        await until(lambda: ours.closed)
+        assert await ours.read() == b'{"status":"Success"}'
+        with pytest.raises(SpdyStreamReset):
+            await ours.read()
 
 
 async def test_protocol_error_ends_the_session_with_goaway() -> None:

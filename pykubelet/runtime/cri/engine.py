@@ -12,6 +12,10 @@ every poll interval; where a runtime streams container events, each one relists 
 Logs are files the runtime writes under --root-dir/logs/pods/<namespace>_<name>_<uid>/
 <container>/<attempt>.log in the CRI log format (cri/log.py); they are read from there, in a
 thread, and removed with the container (the runtime leaves them to the kubelet) or the pod.
+
+Exec probes and hooks are ExecSync calls. `kubectl exec` and `kubectl attach` are the CRI's Exec
+and Attach, whose answers are URLs of the runtime's own streaming server: streamclient.py is the
+client of those sessions.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,8 +37,6 @@ from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import (
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
-    STDERR,
-    STDOUT,
     ContainerConfig,
     ExecResult,
     ExecStream,
@@ -58,6 +60,7 @@ from pykubelet.runtime.cri.convert import (
 )
 from pykubelet.runtime.cri.log import CriLogDecoder
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
+from pykubelet.runtime.cri.streamclient import Streams, open_stream
 from pykubelet.runtime.sandbox.engine import (
     ChangeSink,
     ContainerEntry,
@@ -74,7 +77,9 @@ NAME = "remote"
 CONNECT_TIMEOUT = 10.0
 STOP_SLACK = 30.0  # beyond the grace period, for the runtime to kill and reap
 EXEC_SLACK = 10.0
-EXEC_START_WINDOW = 1.0  # how long exec_stream waits for a command's failure to start
+# An attach's end is its container's exit; the runtime's status may lag the end of its output.
+ATTACH_EXIT_WAIT = 5.0
+ATTACH_EXIT_POLL = 0.1
 # Past the core's own timeout (sandbox/core.py), so that one says why.
 PULL_DEADLINE = 610.0
 POLL_INTERVAL = 1.0
@@ -82,41 +87,6 @@ EVENTS_RETRY = 5.0
 FOLLOW_INTERVAL = 0.2
 
 T = TypeVar("T")
-
-
-class ExecSyncStream:
-    """An ExecStream over one ExecSync call running in `task`: no stdin, no terminal, and the
-    output, stdout then stderr, once the command has exited. It is held whole, as large as the
-    runtime's reply may be (the CRI's message limit, client.MAX_MESSAGE)."""
-
-    def __init__(self, task: asyncio.Task[api.ExecSyncResponse]) -> None:
-        self._task = task
-
-    async def write_stdin(self, data: bytes) -> None:
-        raise RuntimeFailure("the command's standard input is not attached")
-
-    async def close_stdin(self) -> None:
-        """Nothing to close: it has no standard input."""
-
-    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
-        reply = await asyncio.shield(self._task)  # a reader cancelled is not a close()
-        if reply.stdout:
-            yield STDOUT, reply.stdout
-        if reply.stderr:
-            yield STDERR, reply.stderr
-
-    async def resize(self, width: int, height: int) -> None:
-        """Nothing to resize: it has no terminal."""
-
-    async def wait(self) -> int | None:
-        reply = await asyncio.shield(self._task)
-        return int(reply.exit_code)
-
-    async def close(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._task
 
 
 class CriEngine:
@@ -483,53 +453,69 @@ class CriEngine:
         output = (reply.stdout + reply.stderr)[:MAX_EXEC_OUTPUT]
         return ExecResult(int(reply.exit_code), output)
 
-    async def attach(self, id: str, name: str, *, stdin: bool, tty: bool) -> ExecStream:
-        """The CRI's Attach answers with a URL of the runtime's own streaming server, for the
-        kubelet to proxy the client to: not done, so it is refused, saying so."""
-        raise RuntimeFailure(
-            f"attach to container {name} on the remote runtime needs the CRI streaming server, "
-            "which pykubelet does not proxy yet"
-        )
-
     async def exec_stream(
         self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
     ) -> ExecStream:
-        """Without stdin or a terminal, ExecSync: the output comes whole once the command has
-        exited. The rest needs the CRI's Exec, whose answer is a URL of the runtime's own
-        streaming server for the kubelet to proxy the client to: not done yet."""
-        if stdin or tty:
-            raise RuntimeFailure(
-                "exec with stdin or a terminal on the remote runtime needs the CRI streaming "
-                "server, which pykubelet does not proxy yet"
-            )
-        what = f"{command[0]!r} in container {name}" if command else "nothing"
+        """The CRI's Exec, whose answer is a URL of the runtime's own streaming server: the
+        session is ours there (streamclient.py), its output streamed as it is written, its
+        outcome from the session's Status."""
         if not command:
             raise RuntimeFailure(f"no command to run in container {name}")
+        what = f"exec of {command[0]!r} in container {name}"
+        request = api.ExecRequest(
+            container_id=id, cmd=command, tty=tty, stdin=stdin, stdout=True, stderr=not tty
+        )
+        try:
+            reply = await self._call("Exec", request, api.ExecResponse)
+        except (CriError, TimeoutError) as e:
+            message = e.details if isinstance(e, CriError) else str(e)
+            raise RuntimeFailure(f"cannot run {command[0]!r} in container {name}: {message}") from e
+        streams = Streams(stdin=stdin, stdout=True, stderr=not tty, tty=tty)
+        return await open_stream(reply.url, streams, what)
 
-        async def run() -> api.ExecSyncResponse:
+    async def attach(self, id: str, name: str, *, stdin: bool, tty: bool) -> ExecStream:
+        """The CRI's Attach, whose answer is a URL of the runtime's own streaming server (as
+        exec_stream). Its end is the container's: wait() asks the runtime how it exited."""
+        request = api.AttachRequest(
+            container_id=id, stdin=stdin, tty=tty, stdout=True, stderr=not tty
+        )
+        try:
+            reply = await self._call("Attach", request, api.AttachResponse)
+        except (CriError, TimeoutError) as e:
+            message = e.details if isinstance(e, CriError) else str(e)
+            raise RuntimeFailure(f"cannot attach to container {name}: {message}") from e
+        streams = Streams(stdin=stdin, stdout=True, stderr=not tty, tty=tty)
+
+        async def ended() -> int | None:
+            return await self._exit_code(id)
+
+        return await open_stream(
+            reply.url, streams, f"attach to container {name}", drop_input=True, ended=ended
+        )
+
+    async def _exit_code(self, id: str) -> int | None:
+        """The container's exit code once the runtime reports it exited (None: it runs on
+        past ATTACH_EXIT_WAIT, or is gone)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ATTACH_EXIT_WAIT
+        while True:
             try:
-                # Timeout 0: none (as `kubectl exec` has none); closing the stream cancels it,
-                # which makes the runtime kill the command.
-                return await self._call(
-                    "ExecSync",
-                    api.ExecSyncRequest(container_id=id, cmd=command, timeout=0),
-                    api.ExecSyncResponse,
-                    deadline=None,
+                reply = await self._call(
+                    "ContainerStatus",
+                    api.ContainerStatusRequest(container_id=id),
+                    api.ContainerStatusResponse,
                 )
             except CriError as e:
-                raise RuntimeFailure(f"cannot run {what}: {e.details}") from e
-
-        task = asyncio.create_task(run(), name=f"exec {what}")
-        try:
-            # Most commands that cannot start say so at once: then they fail here, as the
-            # protocol has it, not in the middle of the output.
-            await asyncio.wait([task], timeout=EXEC_START_WINDOW)
-        except BaseException:
-            task.cancel()
-            raise
-        if task.done():
-            task.result()  # raises what it failed with
-        return ExecSyncStream(task)
+                if e.not_found:
+                    return None
+                raise RuntimeFailure(f"cannot get the status of container {id[:12]}: {e}") from e
+            except TimeoutError as e:
+                raise RuntimeFailure(f"cannot get the status of container {id[:12]}: {e}") from e
+            if reply.status.state == api.CONTAINER_EXITED:
+                return int(reply.status.exit_code)
+            if loop.time() >= deadline:
+                return None
+            await asyncio.sleep(ATTACH_EXIT_POLL)
 
     async def sandbox_netns(self, id: str) -> str:
         """From the verbose PodSandboxStatus: the network namespace its runtime spec names

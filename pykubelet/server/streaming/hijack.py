@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from pykubelet.server.streaming.spdy import SpdySession
+from pykubelet.common.spdy import SpdySession
 
 SPDY_31 = "SPDY/3.1"
 

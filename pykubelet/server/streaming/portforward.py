@@ -44,10 +44,10 @@ from dataclasses import dataclass
 
 from aiohttp import WSMsgType, web
 
+from pykubelet.common.spdy import SpdySession, SpdyStream
+from pykubelet.common.spdy_frames import SpdyError, SpdyStreamReset
 from pykubelet.runtime.base import RuntimeFailure
 from pykubelet.server.streaming.hijack import is_spdy_upgrade, upgrade_to_spdy, upgraded_response
-from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
-from pykubelet.server.streaming.spdy_frames import SpdyError, SpdyStreamReset
 from pykubelet.server.streaming.websocket import IdleWatch, is_websocket
 
 log = logging.getLogger(__name__)

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from pykubelet.common.spdy import SpdySession, SpdyStream
 from pykubelet.runtime.base import STDERR, STDOUT, ExecStream, RuntimeContainer, RuntimeFailure
 from pykubelet.server.errors import status_response
 from pykubelet.server.streaming.hijack import upgrade_to_spdy
@@ -42,7 +43,6 @@ from pykubelet.server.streaming.remotecommand import (
     serve_exec,
     status_text,
 )
-from pykubelet.server.streaming.spdy import SpdySession, SpdyStream
 from pykubelet.server.streaming.websocket import WebSocketChannels, is_websocket
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Mapping
 from types import TracebackType
 
-from pykubelet.server.streaming.spdy_frames import (
+from pykubelet.common.spdy_frames import (
     DEFAULT_WINDOW,
     FLAG_FIN,
     FLAG_UNIDIRECTIONAL,
@@ -150,12 +150,15 @@ class SpdyStream:
 
     async def read(self, n: int = -1) -> bytes:
         """Up to `n` bytes (all that is buffered if -1), waiting for some; b"" at the peer's FIN.
-        SpdyStreamReset if the stream was reset, SpdySessionClosed if the session ended first."""
+        SpdyStreamReset once what came before a reset by the peer was read (at once after our
+        own), SpdySessionClosed if the session ended first."""
         while True:
-            if self._reset is not None:
-                raise self._reset
+            # What the peer sent before it reset the stream is still delivered (the Kubernetes
+            # streaming server resets the error stream right behind the status it wrote).
             if self._buffer:
                 return self._take(n)
+            if self._reset is not None:
+                raise self._reset
             if self._remote_fin:
                 return b""
             if self._broken is not None:
@@ -262,8 +265,6 @@ class SpdyStream:
     def _peer_reset(self, status: int) -> None:
         if self._reset is None:
             self._reset = SpdyStreamReset(self.id, status, by_peer=True)
-            self._buffer.clear()
-            self._buffered = 0
         self._wake()
 
     def _session_ended(self, error: SpdyError) -> None:
