@@ -22,7 +22,7 @@ _Loader: Any = yaml.CSafeLoader if YAML_IS_FAST else yaml.SafeLoader
 KNOWN_UNSUPPORTED = frozenset(
     {
         "volumeDevices", "resizePolicy", "stdinOnce", "affinity", "hostPID",
-        "hostIPC", "imagePullSecrets", "readinessGates", "runtimeClassName",
+        "hostIPC", "readinessGates", "runtimeClassName",
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
         "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
         "ephemeralContainers", "setHostnameAsFQDN", "hostUsers",

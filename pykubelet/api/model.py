@@ -98,6 +98,13 @@ class LocalObjectReference(ApiModel):
     optional: bool | None = None
 
 
+class ImagePullSecretReference(ApiModel):
+    """An entry of spec.imagePullSecrets (a LocalObjectReference: a Secret of the pod's
+    namespace); an empty name is allowed and ignored, as the API server and kubelet do."""
+
+    name: str = ""
+
+
 class EnvFromSource(ApiModel):
     prefix: str | None = None
     config_map_ref: LocalObjectReference | None = None
@@ -389,6 +396,7 @@ class PodSpec(ApiModel):
     tolerations: list[dict[str, Any]] | None = None
     security_context: PodSecurityContext | None = None
     volumes: list[Volume] | None = None
+    image_pull_secrets: list[ImagePullSecretReference] | None = None
 
 
 # --- status -------------------------------------------------------------------------------------

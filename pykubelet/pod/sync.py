@@ -29,6 +29,7 @@ from pykubelet.pod.envvars import (
     expand,
     skipped_env_names,
 )
+from pykubelet.pod.pullsecrets import PullSecret, pull_credentials
 from pykubelet.pod.volumes import (
     NoApiServer,
     ObjectLookup,
@@ -115,6 +116,7 @@ class _Pass:
         self.requeue: list[float] = []
         self.objects = ApiObjects()
         self.volume_paths: dict[str, str] = {}
+        self.pull_secrets: list[PullSecret] = []
 
 
 TerminatedListener = Callable[[str, Pod | None], Awaitable[None]]
@@ -234,6 +236,7 @@ class PodSync:
         state = _Pass()
         await self._stop_unknown(pod, instances)
         mounted = await self._setup_volumes(pod, state)
+        state.pull_secrets = await self._pull_secrets(pod)
         initialized, init_failed = False, False
         if mounted:
             initialized, init_failed = await self._sync_init_containers(
@@ -267,6 +270,39 @@ class PodSync:
             self._first_seen.pop(uid, None)
             return SyncResult(terminal=True)
         return SyncResult(requeue_after=min(state.requeue) if state.requeue else None)
+
+    async def _pull_secrets(self, pod: Pod) -> list[PullSecret]:
+        """The pod's image pull secrets, read at each sync (the kubelet's getPullSecretsForPod):
+        one that cannot be read is left out with a warning event, and the pull is tried
+        without it."""
+        found: list[PullSecret] = []
+        failed: list[str] = []
+        for ref in pod.spec.image_pull_secrets or []:
+            if not ref.name:
+                continue  # the API server allowed empty names; the kubelet ignores them
+            try:
+                typed = await self.objects.typed_secret(pod.metadata.namespace, ref.name)
+                if typed is None:
+                    raise EnvError(f'secret "{ref.name}" not found')
+            except EnvError as e:
+                log.info(
+                    "pod %s: unable to retrieve pull secret %s, the image pull may not succeed: %s",
+                    pod.key,
+                    ref.name,
+                    e,
+                )
+                failed.append(ref.name)
+                continue
+            found.append(PullSecret(ref.name, typed[0], typed[1]))
+        if failed:
+            self.recorder.record(
+                "Warning",
+                "FailedToRetrieveImagePullSecret",
+                f"Unable to retrieve some image pull secrets ({', '.join(failed)}); attempting "
+                "to pull the image may not succeed.",
+                _pod_ref(pod),
+            )
+        return found
 
     async def _setup_volumes(self, pod: Pod, state: _Pass) -> bool:
         """Read the pod's ConfigMaps and Secrets and prepare its volumes. False: containers
@@ -454,6 +490,7 @@ class PodSync:
             attempt=attempt,
             spec_hash=wanted_hash,
             image_pull_policy=spec.image_pull_policy or default_pull_policy(spec.image),
+            pull_credentials=pull_credentials(spec.image, state.pull_secrets),
             limits={k: str(v) for k, v in spec.resources.limits.items()},
             requests={k: str(v) for k, v in spec.resources.requests.items()},
             host_ports=[
@@ -477,6 +514,10 @@ class PodSync:
             self.backoff.record_start(key)
             self._start_failures[key] = (time.time(), waiting)
             state.requeue.append(self.backoff.delay_of(key))
+            if exc.reason == "ErrImagePull":
+                # As the kubelet's pod worker re-syncs a pod whose sync failed before the image
+                # back-off ends: the pod shows ImagePullBackOff until the next pull.
+                state.requeue.append(self.backoff.delay_of(key) / 2)
             self.recorder.record("Warning", "Failed", f"Error: {exc.message}", ref)
             return False
         if attempt > 0 and failure is None:
