@@ -451,7 +451,7 @@ class PodSync:
                 waiting = failure[1]
                 if waiting.reason == "ErrImagePull":
                     # What Kubernetes shows between pull attempts.
-                    waiting = Waiting("ImagePullBackOff", f"Back-off pulling image {spec.image!r}")
+                    waiting = Waiting("ImagePullBackOff", f'Back-off pulling image "{spec.image}"')
                 state.waiting[spec.name] = waiting
                 state.requeue.append(remaining)
                 return False

@@ -8,6 +8,8 @@ import base64
 import fnmatch
 import json
 import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,6 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pykubelet.api.decode import decode_pod
+from pykubelet.api.errors import ManifestError
 from pykubelet.api.model import Pod
 from pykubelet.common.events import EventRecorder
 from pykubelet.pod.envvars import Allocatable, container_env
@@ -32,7 +36,7 @@ from pykubelet.pod.pullsecrets import (
 )
 from pykubelet.pod.sync import PodSync
 from pykubelet.pod.tokens import IssuedToken, TokenRequest
-from pykubelet.pod.volumes import VolumeManager
+from pykubelet.pod.volumes import NoApiServer, VolumeManager
 from pykubelet.pod.workers import UpdateType
 from pykubelet.probes.handlers import ActionRunner
 from pykubelet.probes.prober import ProbeManager
@@ -50,6 +54,26 @@ def json_secret(name: str, auths: dict[str, dict[str, str]]) -> PullSecret:
 
 def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
+
+
+# --- the field -------------------------------------------------------------------------------
+
+MANIFEST = b"""
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  imagePullSecrets: REFS
+  containers: [{name: c, image: registry.example.com/app:1}]
+"""
+
+
+def test_image_pull_secrets_decode_as_local_object_references() -> None:
+    pod = decode_pod(MANIFEST.replace(b"REFS", b"[{name: regcred}, {}]"), "p.yaml")
+    assert [r.name for r in pod.spec.image_pull_secrets or []] == ["regcred", ""]
+    with pytest.raises(ManifestError) as info:
+        decode_pod(MANIFEST.replace(b"REFS", b"[{name: a, optional: true}]"), "p.yaml")
+    assert info.value.lines() == ["p.yaml: spec.imagePullSecrets[0].optional: unknown field"]
 
 
 # --- names ------------------------------------------------------------------------------------
@@ -288,45 +312,104 @@ class Objects:
         raise AssertionError("no token is asked for")
 
 
-async def test_a_sync_gives_the_pull_the_pods_secrets_and_warns_of_a_missing_one(
-    tmp_path: Path,
-) -> None:
+@dataclass
+class Node:
+    runtime: FakeRuntime
+    sync: PodSync
+    statuses: StatusManager
+    recorder: EventRecorder
+
+
+@pytest.fixture(params=["cluster"])
+async def node(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Node]:
+    """A pod sync over the fake runtime (no image present) and Secrets in memory, or (param
+    "standalone") without an API server."""
     runtime = FakeRuntime(images=set())
     await runtime.start()
     recorder = EventRecorder()
     actions = ActionRunner(
         runtime, "127.0.0.1", lambda pod, spec, ip: container_env(pod, spec, "127.0.0.1", ip)
     )
-    node = Allocatable(cpu=Fraction(2), memory=1 << 30, ephemeral_storage=1 << 34)
+    allocatable = Allocatable(cpu=Fraction(2), memory=1 << 30, ephemeral_storage=1 << 34)
     config = json.dumps({"auths": {"reg.example.com": {"auth": b64("me:pw")}}}).encode()
+    statuses = StatusManager()
     sync = PodSync(
         runtime,
-        StatusManager(),
+        statuses,
         recorder,
         "127.0.0.1",
         actions,
         ProbeManager(actions, recorder, print),
-        VolumeManager(tmp_path, node),
-        node,
-        objects=Objects({"regcred": (JSON_TYPE, {".dockerconfigjson": config})}),
+        VolumeManager(tmp_path, allocatable),
+        allocatable,
+        objects=(
+            Objects({"regcred": (JSON_TYPE, {".dockerconfigjson": config})})
+            if request.param == "cluster"
+            else NoApiServer()
+        ),
     )
-    pod = Pod.model_validate(
+    yield Node(runtime, sync, statuses, recorder)
+    await actions.close()
+    await runtime.close()
+
+
+def private_pod(secrets: list[str]) -> Pod:
+    return Pod.model_validate(
         {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "p", "namespace": "default", "uid": "uid-pull"},
             "spec": {
-                "imagePullSecrets": [{"name": "nope"}, {"name": ""}, {"name": "regcred"}],
+                "imagePullSecrets": [{"name": s} for s in secrets],
                 "containers": [{"name": "c", "image": "reg.example.com/app:1"}],
             },
         }
     )
-    await sync.sync_pod(UpdateType.CREATE, pod)
-    assert [c.detail for c in runtime.ops("pull_image")] == ["reg.example.com/app:1 as me"]
-    warnings = [e for e in recorder.events() if e.reason == "FailedToRetrieveImagePullSecret"]
+
+
+async def test_a_sync_gives_the_pull_the_pods_secrets_and_warns_of_a_missing_one(
+    node: Node,
+) -> None:
+    await node.sync.sync_pod(UpdateType.CREATE, private_pod(["nope", "", "regcred"]))
+    assert [c.detail for c in node.runtime.ops("pull_image")] == ["reg.example.com/app:1 as me"]
+    warnings = [e for e in node.recorder.events() if e.reason == "FailedToRetrieveImagePullSecret"]
     assert [e.message for e in warnings] == [
         "Unable to retrieve some image pull secrets (nope); attempting to pull the image may "
         "not succeed."
     ]
-    await actions.close()
-    await runtime.close()
+
+
+async def test_a_failed_pull_shows_image_pull_back_off_until_the_next_pull(node: Node) -> None:
+    node.runtime.pull_errors["reg.example.com/app:1"] = "unauthorized: authentication required"
+    pod = private_pod([])
+    result = await node.sync.sync_pod(UpdateType.CREATE, pod)
+
+    def waiting() -> tuple[str | None, str | None]:
+        status = node.statuses.get("uid-pull")
+        assert status is not None and status.container_statuses
+        state = status.container_statuses[0].state.waiting
+        assert state is not None
+        return state.reason, state.message
+
+    assert waiting() == (
+        "ErrImagePull",
+        'failed to pull image "reg.example.com/app:1": unauthorized: authentication required',
+    )
+    # The next sync comes within the back-off (10 s), and shows it; no pull is tried then.
+    assert result.requeue_after is not None and result.requeue_after <= 5
+    await node.sync.sync_pod(UpdateType.SYNC, pod)
+    assert waiting() == ("ImagePullBackOff", 'Back-off pulling image "reg.example.com/app:1"')
+    assert len(node.runtime.ops("pull_image")) == 1
+
+
+@pytest.mark.parametrize("node", ["standalone"], indirect=True)
+async def test_without_an_api_server_the_secret_is_missing_and_the_pull_anonymous(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("INFO", logger="pykubelet.pod.sync"):
+        await node.sync.sync_pod(UpdateType.CREATE, private_pod(["regcred"]))
+    assert [c.detail for c in node.runtime.ops("pull_image")] == ["reg.example.com/app:1"]
+    assert [e.reason for e in node.recorder.events() if e.type == "Warning"] == [
+        "FailedToRetrieveImagePullSecret"
+    ]
+    assert "no API server (pykubelet runs without --kubeconfig)" in caplog.text
