@@ -118,7 +118,7 @@ def _split_url(text: str) -> tuple[str, str] | None:
     rest = text.partition("#")[0].partition("?")[0]
     authority, slash, path = rest.partition("/")
     host = authority.rpartition("@")[2]
-    if any(c in host for c in ' \t\r\n%<>"') or any(ord(c) < 0x20 for c in host):
+    if any(c in host for c in " %") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in host):
         return None
     if host.startswith("["):
         end = host.find("]")
