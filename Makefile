@@ -13,8 +13,11 @@ PORT ?= 10255
 # What the tests need on the machine: Podman for the docker runtime's tests (their session
 # fixture writes a private Podman configuration, builds the images and starts, then stops, the
 # service through scripts/podman-test-env), containerd and the CNI plugins for the remote (CRI)
-# runtime's (the same for scripts/containerd-test-env) and Chromium for the status page's.
-TEST_PACKAGES := podman runc busybox-static chromium containerd containernetworking-plugins dnsmasq-base
+# runtime's (the same for scripts/containerd-test-env), Chromium for the status page's, dnsmasq
+# for the DNS tests, and docker-registry, skopeo and htpasswd for the pull-secret tests' registry
+# (tests/fixtures/registry.py).
+TEST_PACKAGES := podman runc busybox-static chromium containerd containernetworking-plugins \
+	dnsmasq-base docker-registry skopeo apache2-utils
 
 venv: $(STAMP)
 

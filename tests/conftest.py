@@ -9,8 +9,12 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.fixtures.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTAINERD_SCRIPT = ROOT / "scripts" / "containerd-test-env"
@@ -97,6 +101,25 @@ def podman_endpoint() -> Iterator[str]:
         yield endpoint
 
 
+@pytest.fixture(scope="session")
+def registry() -> Iterator[Registry]:
+    """A real registry on 127.0.0.1 with htpasswd authentication and an image pushed to it
+    (tests/fixtures/registry.py), for the session. Without its packages the pull tests fail
+    with the reason: a skip would hide that they never ran."""
+    from tests.fixtures.registry import Registry
+
+    server = Registry(Path(tempfile.mkdtemp(prefix="pykubelet-registry-")))
+    try:
+        server.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        server.close()
+        pytest.fail(f"the pull tests need a registry: {e}", pytrace=False)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`, `--dist loadgroup`) every test that needs the private
     Podman runs on one worker, and every one that needs containerd on one worker: each engine is
@@ -108,3 +131,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("podman"))
         elif item.get_closest_marker("cri") or "containerd" in needs:
             item.add_marker(pytest.mark.xdist_group("containerd"))
+        elif "registry" in needs:
+            item.add_marker(pytest.mark.xdist_group("registry"))

@@ -24,7 +24,7 @@ _Loader: Any = yaml.CSafeLoader if YAML_IS_FAST else yaml.SafeLoader
 KNOWN_UNSUPPORTED = frozenset(
     {
         "volumeDevices", "resizePolicy", "stdinOnce", "hostPID",
-        "hostIPC", "imagePullSecrets", "runtimeClassName",
+        "hostIPC", "runtimeClassName",
         "shareProcessNamespace", "overhead",
         "resourceClaims",
         "hostUsers",

@@ -98,6 +98,13 @@ class LocalObjectReference(ApiModel):
     optional: bool | None = None
 
 
+class ImagePullSecretReference(ApiModel):
+    """An entry of spec.imagePullSecrets (a LocalObjectReference: a Secret of the pod's
+    namespace); an empty name is allowed and ignored, as the API server and kubelet do."""
+
+    name: str = ""
+
+
 class EnvFromSource(ApiModel):
     prefix: str | None = None
     config_map_ref: LocalObjectReference | None = None
@@ -442,6 +449,7 @@ class PodSpec(ApiModel):
     topology_spread_constraints: list[dict[str, Any]] | None = None
     scheduling_gates: list[dict[str, Any]] | None = None
     os: PodOS | None = None
+    image_pull_secrets: list[ImagePullSecretReference] | None = None
 
 
 # --- status -------------------------------------------------------------------------------------

@@ -52,6 +52,10 @@ class ApiObjectLookup:
         return data
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
+        typed = await self.typed_secret(namespace, name)
+        return typed[1] if typed is not None else None
+
+    async def typed_secret(self, namespace: str, name: str) -> tuple[str, dict[str, bytes]] | None:
         obj = await self._get("secrets", namespace, name)
         if obj is None:
             return None
@@ -61,7 +65,7 @@ class ApiObjectLookup:
             raise EnvError(f'secret "{namespace}/{name}": data is not base64: {exc}') from None
         for key, value in (obj.get("stringData") or {}).items():
             data[str(key)] = str(value).encode()
-        return data
+        return str(obj.get("type") or "Opaque"), data
 
     async def request_token(self, request: TokenRequest) -> IssuedToken:
         """POST a TokenRequest bound to the pod, as the kubelet's token manager does."""

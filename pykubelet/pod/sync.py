@@ -35,6 +35,7 @@ from pykubelet.pod.envvars import (
     skipped_env_names,
 )
 from pykubelet.pod.network import PodNetwork
+from pykubelet.pod.pullsecrets import PullSecret, pull_credentials
 from pykubelet.pod.volumes import (
     NoApiServer,
     ObjectLookup,
@@ -128,6 +129,7 @@ class _Pass:
         self.requeue: list[float] = []
         self.objects = ApiObjects()
         self.volume_paths: dict[str, str] = {}
+        self.pull_secrets: list[PullSecret] = []
 
 
 TerminatedListener = Callable[[str, Pod | None], Awaitable[None]]
@@ -258,6 +260,7 @@ class PodSync:
         state = _Pass()
         await self._stop_unknown(pod, instances)
         mounted = await self._setup_volumes(pod, state)
+        state.pull_secrets = await self._pull_secrets(pod)
         initialized, init_failed = False, False
         if mounted:
             # As the kubelet, before the init containers: a pod whose init containers fail can
@@ -308,6 +311,39 @@ class PodSync:
         )
         self.statuses.set(pod.uid, status)
         return SyncResult(requeue_after=SANDBOX_RETRY_SECONDS)
+
+    async def _pull_secrets(self, pod: Pod) -> list[PullSecret]:
+        """The pod's image pull secrets, read at each sync (the kubelet's getPullSecretsForPod):
+        one that cannot be read is left out with a warning event, and the pull is tried
+        without it."""
+        found: list[PullSecret] = []
+        failed: list[str] = []
+        for ref in pod.spec.image_pull_secrets or []:
+            if not ref.name:
+                continue  # the API server allowed empty names; the kubelet ignores them
+            try:
+                typed = await self.objects.typed_secret(pod.metadata.namespace, ref.name)
+                if typed is None:
+                    raise EnvError(f'secret "{ref.name}" not found')
+            except EnvError as e:
+                log.info(
+                    "pod %s: unable to retrieve pull secret %s, the image pull may not succeed: %s",
+                    pod.key,
+                    ref.name,
+                    e,
+                )
+                failed.append(ref.name)
+                continue
+            found.append(PullSecret(ref.name, typed[0], typed[1]))
+        if failed:
+            self.recorder.record(
+                "Warning",
+                "FailedToRetrieveImagePullSecret",
+                f"Unable to retrieve some image pull secrets ({', '.join(failed)}); attempting "
+                "to pull the image may not succeed.",
+                _pod_ref(pod),
+            )
+        return found
 
     async def _setup_volumes(self, pod: Pod, state: _Pass) -> bool:
         """Read the pod's ConfigMaps and Secrets and prepare its volumes. False: containers
@@ -493,7 +529,7 @@ class PodSync:
                 waiting = failure[1]
                 if waiting.reason == "ErrImagePull":
                     # What Kubernetes shows between pull attempts.
-                    waiting = Waiting("ImagePullBackOff", f"Back-off pulling image {spec.image!r}")
+                    waiting = Waiting("ImagePullBackOff", f'Back-off pulling image "{spec.image}"')
                 state.waiting[spec.name] = waiting
                 state.requeue.append(remaining)
                 return False
@@ -550,6 +586,7 @@ class PodSync:
             attempt=attempt,
             spec_hash=wanted_hash,
             image_pull_policy=spec.image_pull_policy or default_pull_policy(spec.image),
+            pull_credentials=pull_credentials(spec.image, state.pull_secrets),
             limits={k: str(v) for k, v in spec.resources.limits.items()},
             requests={k: str(v) for k, v in spec.resources.requests.items()},
             host_ports=[
@@ -575,6 +612,10 @@ class PodSync:
             self.backoff.record_start(key)
             self._start_failures[key] = (time.time(), waiting)
             state.requeue.append(self.backoff.delay_of(key))
+            if exc.reason == "ErrImagePull":
+                # As the kubelet's pod worker re-syncs a pod whose sync failed before the image
+                # back-off ends: the pod shows ImagePullBackOff until the next pull.
+                state.requeue.append(self.backoff.delay_of(key) / 2)
             self.recorder.record("Warning", "Failed", f"Error: {exc.message}", ref)
             return False
         if attempt > 0 and failure is None:

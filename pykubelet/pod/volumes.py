@@ -89,6 +89,10 @@ class ObjectLookup(Protocol):
         """The decoded data, or None if there is no such Secret."""
         ...
 
+    async def typed_secret(self, namespace: str, name: str) -> tuple[str, dict[str, bytes]] | None:
+        """The Secret's type and decoded data (image pull secrets), or None if there is none."""
+        ...
+
     async def request_token(self, request: TokenRequest) -> IssuedToken:
         """A token from the TokenRequest API, bound to the pod."""
         ...
@@ -102,6 +106,9 @@ class NoApiServer:
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         raise EnvError(f'secret "{name}": no API server (pykubelet runs without --kubeconfig)')
+
+    async def typed_secret(self, namespace: str, name: str) -> tuple[str, dict[str, bytes]] | None:
+        return ("", await self.secret(namespace, name) or {})
 
     async def request_token(self, request: TokenRequest) -> IssuedToken:
         raise EnvError(

@@ -130,6 +130,31 @@ class SandboxConfig:
 
 
 @dataclass(frozen=True)
+class RegistryAuth:
+    """One registry credential from an image pull secret, given to the engine with the pull
+    (the CRI's AuthConfig, the Docker API's X-Registry-Auth)."""
+
+    username: str
+    password: str = field(repr=False)
+    # The registry the image is pulled from ("registry.example.com:5000"); the Docker API sends
+    # it, the CRI leaves it empty as the kubelet does for a pull secret's credentials.
+    server_address: str = ""
+
+
+@dataclass(frozen=True)
+class PullCredentials:
+    """What a container's image pull secrets give its pull: the credentials matching the
+    image's registry, tried in order (none: an anonymous pull), or why the secrets could not
+    be used (the pull then fails with ErrImagePull saying so, as the kubelet's does)."""
+
+    auths: tuple[RegistryAuth, ...] = ()
+    error: str | None = None
+
+
+ANONYMOUS = PullCredentials()
+
+
+@dataclass(frozen=True)
 class ContainerConfig:
     """A container to start, with everything resolved by the sync layer."""
 
@@ -142,6 +167,7 @@ class ContainerConfig:
     attempt: int
     spec_hash: str
     image_pull_policy: str  # Always, IfNotPresent, Never
+    pull_credentials: PullCredentials = ANONYMOUS
     limits: dict[str, str] = field(default_factory=dict)
     host_ports: list[tuple[int, int, str]] = field(default_factory=list)  # (host, container, proto)
     requests: dict[str, str] = field(default_factory=dict)
@@ -220,27 +246,47 @@ class LogUnsupported(Exception):
 ChangeListener = Callable[[str], None]
 
 
+Pull = Callable[[str, RegistryAuth | None], Awaitable[None]]
+
+
 class SharedPulls:
-    """One pull per image at a time, shared by every container waiting for it; a waiter that
-    is cancelled does not cancel the pull the others wait for."""
+    """One pull per image and credentials at a time, shared by every container waiting for it;
+    a waiter that is cancelled does not cancel the pull the others wait for.
 
-    def __init__(self, pull: Callable[[str], Awaitable[None]]) -> None:
+    `pull(image, credentials)` pulls as the kubelet does: anonymously without credentials,
+    else with each credential in order until one succeeds; when all fail, the StartError of
+    each attempt is joined into one ErrImagePull (the kubelet's aggregate error)."""
+
+    def __init__(self, pull: Pull) -> None:
         self._pull = pull
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[tuple[str, PullCredentials], asyncio.Task[None]] = {}
 
-    async def pull(self, image: str) -> None:
-        task = self._tasks.get(image)
+    async def pull(self, image: str, credentials: PullCredentials = ANONYMOUS) -> None:
+        key = (image, credentials)
+        task = self._tasks.get(key)
         if task is None:
-            task = asyncio.create_task(self._run(image), name=f"pull {image}")
-            self._tasks[image] = task
-            task.add_done_callback(lambda t: self._done(image, t))
+            task = asyncio.create_task(self._run(image, credentials), name=f"pull {image}")
+            self._tasks[key] = task
+            task.add_done_callback(lambda t: self._done(key, t))
         await asyncio.shield(task)
 
-    async def _run(self, image: str) -> None:
-        await self._pull(image)
+    async def _run(self, image: str, credentials: PullCredentials) -> None:
+        if not credentials.auths:
+            await self._pull(image, None)
+            return
+        failures: list[StartError] = []
+        for auth in credentials.auths:
+            try:
+                await self._pull(image, auth)
+                return
+            except StartError as e:
+                failures.append(e)
+        if len(failures) == 1:
+            raise failures[0]
+        raise StartError("ErrImagePull", "[" + ", ".join(e.message for e in failures) + "]")
 
-    def _done(self, image: str, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(image, None)
+    def _done(self, key: tuple[str, PullCredentials], task: asyncio.Task[None]) -> None:
+        self._tasks.pop(key, None)
         if not task.cancelled():
             task.exception()  # retrieved: whoever waited has it, or nobody waits any more
 
@@ -257,12 +303,14 @@ async def ensure_image(
     image: str,
     policy: str,
     present: Callable[[str], Awaitable[bool]],
-    pull: Callable[[str], Awaitable[None]],
+    pull: Callable[[str, PullCredentials], Awaitable[None]],
     *,
+    credentials: PullCredentials = ANONYMOUS,
     sandbox: bool = False,
 ) -> None:
     """Pull as imagePullPolicy says, for any backend: StartError with the kubelet's reasons for
-    a container; for the sandbox's image, a failure of the runtime."""
+    a container; for the sandbox's image, a failure of the runtime. Pull secrets that could not
+    be used fail the pull (not a present image's start), as in the kubelet's PullImage."""
     try:
         if policy != "Always" and await present(image):
             return
@@ -271,7 +319,9 @@ async def ensure_image(
                 "ErrImageNeverPull",
                 f'Container image "{image}" is not present with pull policy of Never',
             )
-        await pull(image)
+        if credentials.error is not None:
+            raise StartError("ErrImagePull", f'failed to pull image "{image}": {credentials.error}')
+        await pull(image, credentials)
     except StartError as e:
         if sandbox:
             raise RuntimeFailure(f"pod infra image: {e.message}") from e

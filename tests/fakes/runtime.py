@@ -66,6 +66,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     LogTimes,
+    PullCredentials,
     Runtime,
     RuntimeContainer,
     RuntimeFailure,
@@ -592,7 +593,13 @@ class FakeRuntime:
             raise RuntimeFailure(f"pod {pod.key} has no sandbox {sandbox.id} in this runtime")
         if not state.sandbox.ready:
             raise RuntimeFailure(f"the sandbox of pod {pod.key} is not ready")
-        await ensure_image(config.image, config.image_pull_policy, self._present, self._pull)
+        await ensure_image(
+            config.image,
+            config.image_pull_policy,
+            self._present,
+            self._pull,
+            credentials=config.pull_credentials,
+        )
         if any(
             c.name == config.name and c.attempt == config.attempt for c in state.containers.values()
         ):
@@ -845,8 +852,9 @@ class FakeRuntime:
     async def _present(self, image: str) -> bool:
         return self.images is None or image in self.images
 
-    async def _pull(self, image: str) -> None:
-        await self._enter("pull_image", detail=image)
+    async def _pull(self, image: str, credentials: PullCredentials) -> None:
+        users = ",".join(a.username for a in credentials.auths)
+        await self._enter("pull_image", detail=f"{image} as {users}" if users else image)
         why = self.pull_errors.get(image)
         if why is not None:
             raise StartError("ErrImagePull", f'failed to pull image "{image}": {why}')

@@ -41,6 +41,7 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     LogTimes,
+    RegistryAuth,
     RuntimeFailure,
     SandboxConfig,
     StartError,
@@ -415,11 +416,18 @@ class CriEngine:
             raise RuntimeFailure(f"cannot ask for the status of image {image}: {e}") from e
         return reply.HasField("image") and bool(reply.image.id)
 
-    async def pull_image(self, image: str) -> None:
+    async def pull_image(self, image: str, auth: RegistryAuth | None) -> None:
+        request = api.PullImageRequest(image=api.ImageSpec(image=image))
+        if auth is not None:
+            # server_address stays empty, as the kubelet sends a pull secret's credentials:
+            # containerd then uses them for the image's registry (a non-empty one must parse as
+            # the host it dials, or they are dropped).
+            request.auth.username = auth.username
+            request.auth.password = auth.password
         try:
             await self._call(
                 "PullImage",
-                api.PullImageRequest(image=api.ImageSpec(image=image)),
+                request,
                 api.PullImageResponse,
                 deadline=PULL_DEADLINE,
                 service="ImageService",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import aiodocker
 import aiohttp
 from aiodocker.execs import Exec
+from aiodocker.jsonstream import json_stream_list
 from aiodocker.stream import Stream
 
 from pykubelet.runtime.base import RuntimeFailure
@@ -113,12 +114,26 @@ class DockerClient:
 
         await self._call(call)
 
-    async def pull(self, image: str) -> None:
-        """Pull, with no deadline of its own (the caller sets one). EngineError if the engine
-        says the pull failed, or the connection broke off during it (status 0)."""
+    async def pull(self, image: str, registry_auth: str | None = None) -> None:
+        """Pull, with no deadline of its own (the caller sets one); `registry_auth`: the
+        X-Registry-Auth header (base64url JSON of username, password, serveraddress).
+        EngineError if the engine says the pull failed, or the connection broke off during it
+        (status 0)."""
         client = self._require()
         try:
-            await client.images.pull(image, timeout=None)
+            if registry_auth is None:
+                await client.images.pull(image, timeout=None)
+            else:
+                # aiodocker's own pull takes the first path component for the registry (wrong
+                # for a Docker Hub "user/repo"): the header is made by the caller.
+                params = {"fromImage": image}
+                if not _has_tag_or_digest(image):
+                    params["tag"] = "latest"
+                headers = {"X-Registry-Auth": registry_auth}
+                async with client._query(
+                    "images/create", "POST", params=params, headers=headers, timeout=None
+                ) as resp:
+                    await json_stream_list(resp)
         except aiodocker.DockerError as e:
             if e.status == 900:
                 raise RuntimeFailure(f"cannot reach the container engine: {e.message}") from e
@@ -202,6 +217,11 @@ class DockerClient:
             raise EngineError(e.status, e.message) from e
         except (aiohttp.ClientError, TimeoutError) as e:
             raise RuntimeFailure(f"container engine at {self.endpoint}: {e!r}") from e
+
+
+def _has_tag_or_digest(image: str) -> bool:
+    last = image.rsplit("/", 1)[-1]
+    return ":" in last or "@" in last
 
 
 def _timeout(seconds: float) -> aiohttp.ClientTimeout:

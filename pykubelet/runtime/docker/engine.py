@@ -25,6 +25,7 @@ engine closes the container's stdin then if it was created with StdinOnce.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -45,6 +46,7 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     LogTimes,
+    RegistryAuth,
     RuntimeFailure,
     SandboxConfig,
     StartError,
@@ -415,9 +417,17 @@ class DockerEngine:
             raise RuntimeFailure(f"cannot inspect image {image}: {e}") from e
         return True
 
-    async def pull_image(self, image: str) -> None:
+    async def pull_image(self, image: str, auth: RegistryAuth | None) -> None:
+        header = None
+        if auth is not None:
+            body = {
+                "username": auth.username,
+                "password": auth.password,
+                "serveraddress": auth.server_address,
+            }
+            header = base64.urlsafe_b64encode(json.dumps(body).encode()).decode()
         try:
-            await self._client.pull(image)
+            await self._client.pull(image, header)
         except EngineError as e:
             raise PullError(e.message) from e
 

@@ -42,6 +42,7 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     LogTimes,
+    RegistryAuth,
     RuntimeContainer,
     RuntimeFailure,
     RuntimePod,
@@ -91,11 +92,14 @@ class SandboxRuntime(Generic[R]):
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    async def _pull(self, image: str) -> None:
-        log.info("pulling image %s", image)
+    async def _pull(self, image: str, auth: RegistryAuth | None) -> None:
+        if auth is None:
+            log.info("pulling image %s", image)
+        else:
+            log.info("pulling image %s as %s", image, auth.username)
         try:
             async with asyncio.timeout(PULL_TIMEOUT):
-                await self._engine.pull_image(image)
+                await self._engine.pull_image(image, auth)
         except TimeoutError:
             raise StartError(
                 "ErrImagePull", f'failed to pull image "{image}": no result in {PULL_TIMEOUT:g}s'
@@ -257,7 +261,11 @@ class SandboxRuntime(Generic[R]):
     ) -> RuntimeContainer:
         # Pulled before taking the pod's lock: a slow pull must not hold up its termination.
         await ensure_image(
-            config.image, config.image_pull_policy, self._engine.image_present, self._pulls.pull
+            config.image,
+            config.image_pull_policy,
+            self._engine.image_present,
+            self._pulls.pull,
+            credentials=config.pull_credentials,
         )
         request = self._engine.container_request(pod, sandbox.id, config)
         async with self._pod_lock(pod.uid):

@@ -32,6 +32,7 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     LogTimes,
+    RegistryAuth,
     SandboxConfig,
 )
 
@@ -222,9 +223,10 @@ class Engine(Inspector, Protocol[R]):
 
     async def image_present(self, image: str) -> bool: ...
 
-    async def pull_image(self, image: str) -> None:
-        """Pull it; PullError with the engine's reason when that fails (the core adds the
-        timeout and the kubelet's ErrImagePull message)."""
+    async def pull_image(self, image: str, auth: RegistryAuth | None) -> None:
+        """Pull it, with the registry credential `auth` (None: anonymously); PullError with the
+        engine's reason when that fails (the core adds the timeout and the kubelet's
+        ErrImagePull message)."""
 
     async def exec_sync(
         self, id: str, name: str, command: list[str], timeout_seconds: float

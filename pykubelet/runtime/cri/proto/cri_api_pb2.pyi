@@ -842,13 +842,31 @@ class ImageStatusResponse(_message.Message):
     info: _containers.ScalarMap[str, str]
     def __init__(self, image: _Optional[_Union[Image, _Mapping]] = ..., info: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class AuthConfig(_message.Message):
+    __slots__ = ("username", "password", "auth", "server_address", "identity_token", "registry_token")
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
+    PASSWORD_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
+    SERVER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    username: str
+    password: str
+    auth: str
+    server_address: str
+    identity_token: str
+    registry_token: str
+    def __init__(self, username: _Optional[str] = ..., password: _Optional[str] = ..., auth: _Optional[str] = ..., server_address: _Optional[str] = ..., identity_token: _Optional[str] = ..., registry_token: _Optional[str] = ...) -> None: ...
+
 class PullImageRequest(_message.Message):
-    __slots__ = ("image", "sandbox_config")
+    __slots__ = ("image", "auth", "sandbox_config")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    AUTH_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_CONFIG_FIELD_NUMBER: _ClassVar[int]
     image: ImageSpec
+    auth: AuthConfig
     sandbox_config: PodSandboxConfig
-    def __init__(self, image: _Optional[_Union[ImageSpec, _Mapping]] = ..., sandbox_config: _Optional[_Union[PodSandboxConfig, _Mapping]] = ...) -> None: ...
+    def __init__(self, image: _Optional[_Union[ImageSpec, _Mapping]] = ..., auth: _Optional[_Union[AuthConfig, _Mapping]] = ..., sandbox_config: _Optional[_Union[PodSandboxConfig, _Mapping]] = ...) -> None: ...
 
 class PullImageResponse(_message.Message):
     __slots__ = ("image_ref",)
