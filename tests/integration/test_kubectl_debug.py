@@ -233,7 +233,10 @@ def test_kubectl_debug_on_the_remote_runtime(
     cri_backend: Backend,
 ) -> None:
     """A CreateContainer in the pod's sandbox, the target's PID namespace (NamespaceMode
-    TARGET)."""
+    TARGET); -i and -it attach through the runtime's streaming server."""
     client, kubeconfig = start_node(apiserver, start_agent, tmp_path, *cri_backend.flags)
     logs = debug_and_read_logs(client, kubeconfig, "--target=app")
     assert logs.startswith("from-debug\n/bin/sh -c echo app-started"), logs
+
+    check_piped_stdin(kubeconfig)
+    check_interactive_shell(kubeconfig)

@@ -4,7 +4,6 @@ were not faithful, the cluster tests would prove nothing."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +29,6 @@ def pod(name: str, node: str = "n1", **labels: str) -> Obj:
         "metadata": {"name": name, "labels": labels},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox:test"}]},
     }
-
-
-@pytest.fixture
-def server() -> Iterator[ApiServer]:
-    srv = ApiServer(bookmark_interval=0.2)
-    srv.start()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-async def api(server: ApiServer, tmp_path: Path) -> AsyncIterator[KubeApi]:
-    client = await KubeApi.connect(server.write_kubeconfig(tmp_path / "kc"), "n1")
-    yield client
-    await client.close()
 
 
 async def collect(api: KubeApi, rv: str, seconds: int = 1, selector: str = "") -> list[Obj]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -58,21 +57,6 @@ async def eventually(what: str, check: Callable[[], Any], within: float = 10.0) 
                 return last
         await asyncio.sleep(0.02)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-@pytest.fixture
-def server() -> Iterator[ApiServer]:
-    srv = ApiServer(bookmark_interval=0.2)
-    srv.start()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-async def api(server: ApiServer, tmp_path: Path) -> AsyncIterator[KubeApi]:
-    client = await KubeApi.connect(server.write_kubeconfig(tmp_path / "kc"), NODE)
-    yield client
-    await client.close()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ what the kubelet's projected token volume relies on, as kube-apiserver answers i
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,6 @@ from tests.fixtures.apiserver import ApiServer
 from tests.fixtures.apiserver.serviceaccounts import token_claims
 
 Obj = dict[str, Any]
-
-
-@pytest.fixture
-def server() -> Iterator[ApiServer]:
-    srv = ApiServer(bookmark_interval=0.2)
-    srv.start()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-async def api(server: ApiServer, tmp_path: Path) -> AsyncIterator[KubeApi]:
-    client = await KubeApi.connect(server.write_kubeconfig(tmp_path / "kc"), "n1")
-    yield client
-    await client.close()
 
 
 def token_request(pod: Obj | None, seconds: int = 3607, audience: str | None = None) -> Obj:

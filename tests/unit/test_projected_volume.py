@@ -16,36 +16,13 @@ from pykubelet.api.errors import ManifestError
 from pykubelet.pod.envvars import Allocatable, ApiObjects
 from pykubelet.pod.tokens import IssuedToken, TokenError, TokenManager, TokenRequest
 from pykubelet.pod.volumes import VolumeError, VolumeManager
+from tests.fixtures.apiserver.admission import token_volume_source
 
 NODE = Allocatable(cpu=Fraction(2), memory=4 << 30, ephemeral_storage=10 << 30)
 ROOT = os.geteuid() == 0
 
 # The volume the ServiceAccount admission plugin adds to every pod (kube-apiserver 1.32).
-KUBE_API_ACCESS = {
-    "name": "kube-api-access-x7k2p",
-    "projected": {
-        "defaultMode": 420,
-        "sources": [
-            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-            {
-                "configMap": {
-                    "name": "kube-root-ca.crt",
-                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
-                }
-            },
-            {
-                "downwardAPI": {
-                    "items": [
-                        {
-                            "path": "namespace",
-                            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
-                        }
-                    ]
-                }
-            },
-        ],
-    },
-}
+KUBE_API_ACCESS = {"name": "kube-api-access-x7k2p", "projected": token_volume_source()}
 
 
 def pod_object(volumes: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:

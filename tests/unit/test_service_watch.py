@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -36,21 +36,6 @@ def service(name: str, *ports: Obj, cluster_ip: str | None = None) -> Obj:
     if cluster_ip is not None:
         spec["clusterIP"] = cluster_ip
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name}, "spec": spec}
-
-
-@pytest.fixture
-def server() -> Iterator[ApiServer]:
-    srv = ApiServer(bookmark_interval=0.2)
-    srv.start()
-    yield srv
-    srv.close()
-
-
-@pytest.fixture
-async def api(server: ApiServer, tmp_path: Path) -> AsyncIterator[KubeApi]:
-    client = await KubeApi.connect(server.write_kubeconfig(tmp_path / "kc"), "n1")
-    yield client
-    await client.close()
 
 
 # --- the fixture's Services ---------------------------------------------------------------------
