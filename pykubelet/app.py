@@ -212,6 +212,13 @@ async def run_agent(opts: Options) -> int:
         facts=facts,
         services=services,
     )
+    reservation_problems = kubelet.node_resources().problems()
+    if reservation_problems:  # as the kubelet's validateNodeAllocatable, which stops its start
+        log.error(
+            "cannot start: invalid Node Allocatable configuration. %s",
+            " ".join(reservation_problems),
+        )
+        return 1
     tasks: list[Task] = _sources(opts, pod_config, recorder)
     stats = StatsCollector(runtime, opts.node_name)
     cluster = None
