@@ -263,6 +263,14 @@ class Options:
                     "invalid configuration: enforceNodeAllocatable (--enforce-node-allocatable) "
                     f'may not contain additional enforcements when "{key}" is specified'
                 )
+            elif key in (ENFORCE_SYSTEM_RESERVED, ENFORCE_KUBE_RESERVED) and (
+                self.container_runtime != "process"
+            ):
+                # pykubelet manages cgroups on the process runtime only.
+                out.append(
+                    f"--enforce-node-allocatable {key}: not supported with --container-runtime "
+                    f"{self.container_runtime} (the process runtime enforces it)"
+                )
             elif key not in ENFORCEMENT_KEYS:
                 valid = ", ".join(f'"{k}"' for k in ENFORCEMENT_KEYS[:3])
                 out.append(

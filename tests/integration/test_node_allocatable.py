@@ -65,6 +65,18 @@ def test_reserving_more_than_the_node_has_refuses_the_start(
     )
 
 
+def test_an_enforced_reservation_needs_its_cgroup_to_exist(
+    start_agent: Callable[..., Agent],
+) -> None:
+    flags = ["--enforce-node-allocatable=pods,kube-reserved", "--kube-reserved=memory=256Mi"]
+    with pytest.raises(AssertionError, match="agent exited with 1") as info:
+        start_agent(*flags, "--kube-reserved-cgroup=/no-such-kube-cgroup")
+    assert (
+        'cannot start: Failed to enforce Kube Reserved Cgroup Limits on "/no-such-kube-cgroup": '
+        '"/no-such-kube-cgroup" cgroup does not exist' in str(info.value)
+    )
+
+
 def test_the_node_reports_allocatable_in_the_api_server(
     start_agent: Callable[..., Agent],
     cluster: tuple[ApiServer, Path, KubeClient],  # noqa: F811
@@ -91,3 +103,63 @@ def test_the_node_reports_allocatable_in_the_api_server(
     assert allocatable["ephemeral-storage"] == str(storage - 2 * GIB)
     assert allocatable["pods"] == "110"
     assert agent.proc is not None and agent.proc.poll() is None
+
+
+def _own_cgroup(controller: str) -> Path:
+    """Where the agent (our child) puts its cgroups on the v1 `controller` hierarchy."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, names, path = line.split(":", 2)
+        if controller in names.split(","):
+            return Path("/sys/fs/cgroup") / controller / path.lstrip("/") / "pykubelet"
+    raise AssertionError(f"no {controller} cgroup v1 hierarchy")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/fs/cgroup/memory/cgroup.procs").exists(),
+    reason="needs root and the cgroup v1 memory controller",
+)
+def test_kubepods_is_sized_to_allocatable_and_holds_the_pods_by_qos_class(
+    start_agent: Callable[..., Agent], manifests: Path
+) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    write_pod(
+        manifests,
+        "guaranteed",
+        pod_yaml("guaranteed", "exec sleep 600")
+        + "    resources: {limits: {memory: 64Mi, cpu: 100m}}\n",
+    )
+    write_pod(
+        manifests,
+        "burstable",
+        pod_yaml("burstable", "exec sleep 600") + "    resources: {limits: {memory: 64Mi}}\n",
+    )
+    # --pod-max-pids gives every container cgroups, BestEffort ones too.
+    write_pod(manifests, "besteffort", pod_yaml("besteffort", "exec sleep 600"))
+    agent = start_agent("--system-reserved=memory=1Gi,pid=1000", "--pod-max-pids=100")
+    for name in ("guaranteed", "burstable", "besteffort"):
+        wait_for(
+            f"{name} running",
+            lambda n=name: (
+                (p := agent.pod(n))
+                and p["status"].get("containerStatuses")
+                and "running" in p["status"]["containerStatuses"][0]["state"]
+            ),
+        )
+    memory, cpu, pids = (_own_cgroup(c) / "kubepods" for c in ("memory", "cpu", "pids"))
+    # The reservations, not the eviction threshold (eviction acts before the OOM killer).
+    limit = int((memory / "memory.limit_in_bytes").read_text())
+    assert limit == memory_capacity() - GIB
+    assert (cpu / "cpu.shares").read_text().strip() == str(cpus * 1024)
+    assert (cpu / "besteffort" / "cpu.shares").read_text().strip() == "2"
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    assert (pids / "pids.max").read_text().strip() == str(pid_max - 1000)
+    for name, qos, where in (
+        ("guaranteed", "Guaranteed", memory),
+        ("burstable", "Burstable", memory / "burstable"),
+        ("besteffort", "BestEffort", memory / "besteffort"),
+    ):
+        pod = agent.pod(name)
+        assert pod is not None and pod["status"]["qosClass"] == qos
+        cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("process://")
+        procs = where / f"pod{pod['metadata']['uid']}" / cid / "cgroup.procs"
+        assert procs.read_text().split(), procs

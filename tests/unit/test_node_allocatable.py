@@ -110,6 +110,12 @@ def test_reservations_parse_every_resource_the_kubelet_reserves() -> None:
             'contain additional enforcements when "none" is specified',
         ),
         (
+            "--container-runtime=docker --enforce-node-allocatable=pods,system-reserved "
+            "--system-reserved-cgroup=/system.slice",
+            "--enforce-node-allocatable system-reserved: not supported with --container-runtime "
+            "docker (the process runtime enforces it)",
+        ),
+        (
             "--enforce-node-allocatable=cpus",
             'invalid configuration: option "cpus" specified for enforceNodeAllocatable '
             '(--enforce-node-allocatable). Valid options are "pods", "system-reserved", '
@@ -120,7 +126,7 @@ def test_reservations_parse_every_resource_the_kubelet_reserves() -> None:
 def test_bad_flags_are_refused_in_the_kubelets_words(
     flag: str, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert message in fail([flag], capsys)
+    assert message in fail(flag.split(), capsys)
 
 
 def test_every_signal_the_kubelet_knows_parses_and_0_or_100_percent_is_ignored() -> None:
