@@ -21,6 +21,7 @@ one quantity parser); this module is the arithmetic and the Node's quantities.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,10 +44,16 @@ SIGNALS = (
 )
 
 
+_DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
 def percentage(text: str) -> float:
     """The fraction of a "10%" (the kubelet's parsePercentage: a float32 divided by 100 in
-    float32). Raises ValueError for what is not a number."""
-    return float32(float32(float(text.rstrip("%"))) / 100)
+    float32). Raises ValueError for what is not a decimal number."""
+    number = text.rstrip("%")
+    if not _DECIMAL.fullmatch(number):
+        raise ValueError(f"invalid percentage {text!r}")
+    return float32(float32(float(number)) / 100)
 
 
 # --enforce-node-allocatable's keys (pkg/kubelet/types/constants.go).

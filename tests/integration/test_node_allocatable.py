@@ -37,7 +37,16 @@ def test_a_pod_asking_more_than_allocatable_is_rejected_out_of_memory(
         "big",
         pod_yaml("big", "exec sleep 600") + f"    resources: {{requests: {{memory: '{asked}'}}}}\n",
     )
+    # The downward API: a limit the container does not set is the node's allocatable.
+    write_pod(
+        manifests,
+        "env",
+        pod_yaml("env", 'echo "memory=$MEM"; exec sleep 600')
+        + "    env:\n    - name: MEM\n"
+        + "      valueFrom: {resourceFieldRef: {resource: limits.memory}}\n",
+    )
     agent = start_agent("--system-reserved=memory=1Gi")
+    wait_for("env's log", lambda: f"memory={allocatable}" in agent.logs("env", "main"))
     big = wait_for(
         "big rejected",
         lambda: (p := agent.pod("big")) and p["status"].get("reason") == "OutOfmemory" and p,
