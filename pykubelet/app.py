@@ -19,6 +19,13 @@ from pykubelet import __version__
 from pykubelet.client.kubeapi import ApiError
 from pykubelet.cluster.connection import ApiConnection
 from pykubelet.common import metrics
+from pykubelet.common.allocatable import (
+    ENFORCE_KUBE_RESERVED,
+    ENFORCE_PODS,
+    ENFORCE_SYSTEM_RESERVED,
+    NodeResources,
+    node_resources,
+)
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.common.machine import MachineFacts, read_machine_facts
 from pykubelet.common.options import DEFAULT_ENDPOINTS, Options
@@ -27,7 +34,7 @@ from pykubelet.config.pod_config import PodConfig
 from pykubelet.config.types import API_SOURCE, FILE_SOURCE, HTTP_SOURCE, NotificationMode
 from pykubelet.kubelet.kubelet import Kubelet
 from pykubelet.pod.volumes import NoApiServer, ObjectLookup
-from pykubelet.runtime.base import Runtime
+from pykubelet.runtime.base import Runtime, RuntimeFailure
 from pykubelet.runtime.instrumented import InstrumentedRuntime
 from pykubelet.server.auth import (
     AlwaysAllow,
@@ -64,7 +71,7 @@ def detect_host_ip() -> str:
     return "127.0.0.1"
 
 
-def make_runtime(opts: Options, host_ip: str) -> Runtime:
+def make_runtime(opts: Options, host_ip: str, resources: NodeResources | None = None) -> Runtime:
     endpoint = opts.container_runtime_endpoint or DEFAULT_ENDPOINTS.get(opts.container_runtime, "")
     if opts.container_runtime == "remote":
         from pykubelet.runtime.cri.runtime import CriRuntime
@@ -80,9 +87,45 @@ def make_runtime(opts: Options, host_ip: str) -> Runtime:
             node_ip=host_ip,
             pod_pids_limit=opts.pod_max_pids,
         )
+    from pykubelet.runtime.process.cgroups import PodsLimits, ReservedCgroup
     from pykubelet.runtime.process.runtime import ProcessRuntime
 
-    return ProcessRuntime(opts.root_dir, node_ip=host_ip, pod_pids_limit=opts.pod_max_pids)
+    limits = None
+    if resources is not None:
+        # kubepods: allocatable without the eviction threshold when `pods` is enforced (the
+        # kubelet's getNodeAllocatableInternalAbsolute), else the node's capacity.
+        enforced = ENFORCE_PODS in opts.enforce_node_allocatable
+        size = resources.pods_cgroup if enforced else resources.capacity
+        limits = PodsLimits(size["memory"], size["cpu"], size.get("pid") if enforced else None)
+    reserved = tuple(
+        ReservedCgroup(
+            what,
+            cgroup,
+            PodsLimits(amounts.get("memory"), amounts.get("cpu"), amounts.get("pid")),
+        )
+        for key, what, cgroup, amounts in (
+            (
+                ENFORCE_SYSTEM_RESERVED,
+                "System Reserved",
+                opts.system_reserved_cgroup,
+                opts.system_reserved.amounts,
+            ),
+            (
+                ENFORCE_KUBE_RESERVED,
+                "Kube Reserved",
+                opts.kube_reserved_cgroup,
+                opts.kube_reserved.amounts,
+            ),
+        )
+        if key in opts.enforce_node_allocatable
+    )
+    return ProcessRuntime(
+        opts.root_dir,
+        node_ip=host_ip,
+        pod_pids_limit=opts.pod_max_pids,
+        pods_limits=limits,
+        reserved_cgroups=reserved,
+    )
 
 
 def _counter(server_type: str) -> Callable[[str, str, int], None]:
@@ -183,7 +226,10 @@ async def run_agent(opts: Options) -> int:
         log.error("--root-dir %s: %s", opts.root_dir, exc.strerror)
         return 1
     facts = await asyncio.to_thread(read_machine_facts, opts.root_dir)
-    runtime = InstrumentedRuntime(make_runtime(opts, host_ip))
+    resources = node_resources(
+        facts, opts.max_pods, opts.kube_reserved, opts.system_reserved, opts.eviction_hard
+    )
+    runtime = InstrumentedRuntime(make_runtime(opts, host_ip, resources))
     recorder = EventRecorder()
 
     def merger_event(reason: str, subject: str, message: str) -> None:
@@ -212,6 +258,13 @@ async def run_agent(opts: Options) -> int:
         facts=facts,
         services=services,
     )
+    reservation_problems = kubelet.node_resources().problems()
+    if reservation_problems:  # as the kubelet's validateNodeAllocatable, which stops its start
+        log.error(
+            "cannot start: invalid Node Allocatable configuration. %s",
+            " ".join(reservation_problems),
+        )
+        return 1
     tasks: list[Task] = _sources(opts, pod_config, recorder)
     stats = StatsCollector(runtime, opts.node_name)
     cluster = None
@@ -254,7 +307,11 @@ async def run_agent(opts: Options) -> int:
         return 1
     running: list[asyncio.Task[None]] = []
     try:
-        await runtime.start()
+        try:
+            await runtime.start()
+        except RuntimeFailure as exc:
+            log.error("cannot start: %s", exc)
+            return 1
         url = await server.start()
         log.info("read-only API at %s (pods at %s/pods)", url, url)
         log.info("kubelet API at %s", await secure.start())

@@ -32,6 +32,7 @@ from pykubelet.cluster.finalizer import FinalDeletes, RuntimePods
 from pykubelet.cluster.mirror import MirrorPods
 from pykubelet.cluster.node import NodeAgent
 from pykubelet.cluster.services import ServiceWatch
+from pykubelet.common.allocatable import NodeResources
 from pykubelet.common.events import EventRecorder
 from pykubelet.common.machine import MachineFacts
 from pykubelet.common.options import Options
@@ -58,6 +59,8 @@ class KubeletView(Protocol):
     def worker_state(self, uid: str) -> WorkerState | None: ...
 
     def health_problems(self) -> list[str]: ...
+
+    def node_resources(self) -> NodeResources: ...
 
     def add_terminated_listener(
         self, listener: Callable[[str, Pod | None], Awaitable[None]]
@@ -92,6 +95,7 @@ class Cluster:
             runtime_name=runtime_name,
             facts=facts,
             health_problems=kubelet.health_problems,
+            resources=kubelet.node_resources(),
         )
         self.mirrors = MirrorPods(kubelet.pods, self.source, self.node, opts.node_name)
         self.events = EventSink(opts.node_name)

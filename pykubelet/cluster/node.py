@@ -13,8 +13,8 @@ As the kubelet:
   its message.
 
 Capacity: cpu is the CPUs this process may use, memory MemTotal, pods `--max-pods`,
-ephemeral-storage the size of the file system of `--root-dir`. Allocatable equals capacity: no
-resources are reserved for the system yet.
+ephemeral-storage the size of the file system of `--root-dir`. Allocatable is capacity less
+--kube-reserved, --system-reserved and the hard eviction threshold (common/allocatable.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 from pykubelet import __version__
 from pykubelet.client.kubeapi import ApiError, KubeApi
 from pykubelet.client.throttle import Failures, Retry
+from pykubelet.common.allocatable import NodeResources, Reserved, node_resources
 from pykubelet.common.machine import MachineFacts
 
 log = logging.getLogger(__name__)
@@ -77,14 +78,12 @@ def node_status(
     runtime: str,
     problems: list[str],
     kubelet_port: int = 0,
+    resources: NodeResources | None = None,
 ) -> Obj:
     """The status without its times (those are added when it is reported)."""
-    capacity = {
-        "cpu": str(facts.cpus),
-        "memory": f"{facts.memory_kib}Ki",
-        "pods": str(max_pods),
-        "ephemeral-storage": str(facts.storage_bytes),
-    }
+    if resources is None:  # nothing reserved
+        resources = node_resources(facts, max_pods, Reserved(), Reserved(), ())
+    capacity = resources.node_quantities("capacity")
     ready = not problems
     conditions = [
         _condition("MemoryPressure", False, "KubeletHasSufficientMemory",
@@ -98,7 +97,7 @@ def node_status(
     ]  # fmt: skip
     return {
         "capacity": capacity,
-        "allocatable": dict(capacity),
+        "allocatable": resources.node_quantities("allocatable"),
         "addresses": [
             {"type": "InternalIP", "address": host_ip},
             {"type": "Hostname", "address": facts.hostname},
@@ -150,6 +149,7 @@ class NodeAgent:
         runtime_name: str,
         facts: MachineFacts,
         health_problems: Callable[[], list[str]],
+        resources: NodeResources | None = None,
         lease_period: float = LEASE_PERIOD,
         status_period: float = STATUS_PERIOD,
         report_period: float = STATUS_REPORT_PERIOD,
@@ -160,6 +160,7 @@ class NodeAgent:
         self._runtime_name = runtime_name
         self._facts = facts
         self._health_problems = health_problems
+        self._resources = resources
         self._kubelet_port = 0
         self.lease_period = lease_period
         self.status_period = status_period
@@ -189,6 +190,7 @@ class NodeAgent:
             self._runtime_name,
             self._health_problems(),
             self._kubelet_port,
+            self._resources,
         )
 
     def _node(self, status: Obj) -> Obj:

@@ -8,12 +8,12 @@ import ipaddress
 import logging
 import resource
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pykubelet import __version__
-from pykubelet.cmd import config_file, ctl, logs
+from pykubelet.cmd import config_file, ctl, logs, node_resources
 from pykubelet.common.options import (
     AUTHORIZATION_MODES,
     RUNTIMES,
@@ -109,6 +109,58 @@ class _Replace(argparse.Action):
         current = getattr(namespace, self.dest) if getattr(namespace, given, False) else []
         setattr(namespace, self.dest, [*current, *(values if isinstance(values, list) else [])])
         setattr(namespace, given, True)
+
+
+def _map(separator: str) -> Callable[[str], dict[str, str]]:
+    def parse(text: str) -> dict[str, str]:
+        try:
+            return node_resources.parse_map(text, separator)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("node allocatable (what the pods may use of the node)")
+    for flag, what in (("kube", "the node agent and the runtime"), ("system", "the system")):
+        group.add_argument(
+            f"--{flag}-reserved",
+            type=_map("="),
+            action="append",
+            dest=f"{flag}_reserved_flags",
+            metavar="RESOURCE=QUANTITY[,...]",
+            help=f"resources set aside for {what} (cpu, memory, ephemeral-storage, pid), "
+            "e.g. cpu=100m,memory=256Mi,ephemeral-storage=1Gi,pid=1000 (default none)",
+        )
+        group.add_argument(
+            f"--{flag}-reserved-cgroup",
+            default="",
+            metavar="NAME",
+            help=f"the cgroup of {what}, for --enforce-node-allocatable={flag}-reserved",
+        )
+    group.add_argument(
+        "--eviction-hard",
+        type=_map("<"),
+        action="append",
+        dest="eviction_hard_flags",
+        metavar="SIGNAL<QUANTITY[,...]",
+        help="hard eviction thresholds; memory.available and nodefs.available also reduce "
+        "allocatable (default memory.available<100Mi,nodefs.available<10%%,"
+        "nodefs.inodesFree<5%%,imagefs.available<15%%; a value replaces them all)",
+    )
+    group.add_argument(
+        "--enforce-node-allocatable",
+        type=_list,
+        default=["pods"],
+        metavar="KEY[,KEY...]",
+        help="pods (default: the pods' kubepods cgroup sized to allocatable, process runtime "
+        "as root), system-reserved, kube-reserved (their cgroups limited), or none",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -347,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=-1,
         help="processes (pids) each pod may have at once; -1: unlimited (default -1)",
     )
+    _node_allocatable_flags(p)
     p.add_argument(
         "--cluster-dns",
         type=_ip_list,
@@ -437,6 +490,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         cluster_dns=ns.cluster_dns,
         cluster_domain=ns.cluster_domain,
         resolv_conf=ns.resolv_conf,
+        **_node_allocatable(parser, ns),
         log_format=ns.log_format,
         verbosity=ns.verbosity,
     )
@@ -444,6 +498,36 @@ def parse_options(argv: Sequence[str]) -> Options:
     if problems:
         parser.error(problems[0])
     return opts
+
+
+def _merged(given: list[dict[str, str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for one in given:
+        out.update(one)
+    return out
+
+
+def _node_allocatable(parser: argparse.ArgumentParser, ns: argparse.Namespace) -> dict[str, Any]:
+    """The allocatable options: a flag replaces the file's map; the file's are parsed already."""
+    out: dict[str, Any] = {
+        "enforce_node_allocatable": ns.enforce_node_allocatable,
+        "system_reserved_cgroup": ns.system_reserved_cgroup,
+        "kube_reserved_cgroup": ns.kube_reserved_cgroup,
+    }
+    for dest in ("kube_reserved", "system_reserved", "eviction_hard"):
+        flags = getattr(ns, f"{dest}_flags")
+        if flags is None:
+            if hasattr(ns, dest):  # from --config
+                out[dest] = getattr(ns, dest)
+            continue
+        try:
+            if dest == "eviction_hard":
+                out[dest] = node_resources.parse_thresholds(_merged(flags))
+            else:
+                out[dest] = node_resources.parse_reserved(_merged(flags))
+        except ValueError as exc:
+            parser.error(f"--{dest.replace('_', '-')}: {exc}")
+    return out
 
 
 def raise_open_file_limit() -> None:

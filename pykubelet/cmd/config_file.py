@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from pykubelet.api.decode import format_path
+from pykubelet.cmd import node_resources
 from pykubelet.common.options import parse_duration
 
 KIND = "KubeletConfiguration"
@@ -25,9 +26,9 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 NOT_SUPPORTED = frozenset(
     {
         "cgroupDriver", "cgroupRoot",
-        "healthzPort", "healthzBindAddress", "evictionHard", "evictionSoft", "kubeReserved",
-        "systemReserved", "featureGates", "imageGCHighThresholdPercent",
-        "imageGCLowThresholdPercent", "serializeImagePulls", "registerNode",
+        "healthzPort", "healthzBindAddress", "evictionSoft", "featureGates",
+        "imageGCHighThresholdPercent", "imageGCLowThresholdPercent", "serializeImagePulls",
+        "registerNode",
         "nodeStatusUpdateFrequency", "nodeLeaseDurationSeconds", "shutdownGracePeriod",
         "memorySwap", "cpuManagerPolicy",
     }
@@ -117,6 +118,26 @@ class KubeletConfiguration(_Model):
     cluster_domain: str | None = None
     resolv_conf: str | None = None
     logging: LoggingConfiguration | None = None
+    kube_reserved: dict[str, str] | None = None
+    system_reserved: dict[str, str] | None = None
+    eviction_hard: dict[str, str] | None = None
+    enforce_node_allocatable: list[str] | None = None
+    system_reserved_cgroup: str | None = None
+    kube_reserved_cgroup: str | None = None
+
+    @field_validator("kube_reserved", "system_reserved")
+    @classmethod
+    def _reserved(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            node_resources.parse_reserved(value)  # raises ValueError with the kubelet's reason
+        return value
+
+    @field_validator("eviction_hard")
+    @classmethod
+    def _thresholds(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            node_resources.parse_thresholds(value)
+        return value
 
     @field_validator(
         "file_check_frequency",
@@ -183,6 +204,12 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "http_check_frequency": ("http_check_frequency", parse_duration),
         "sync_frequency": ("sync_frequency", parse_duration),
         "streaming_connection_idle_timeout": ("streaming_connection_idle_timeout", parse_duration),
+        "kube_reserved": ("kube_reserved", node_resources.parse_reserved),
+        "system_reserved": ("system_reserved", node_resources.parse_reserved),
+        "eviction_hard": ("eviction_hard", node_resources.parse_thresholds),
+        "enforce_node_allocatable": ("enforce_node_allocatable", list),
+        "system_reserved_cgroup": ("system_reserved_cgroup", str),
+        "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)

@@ -30,6 +30,7 @@ class MachineFacts:
     kernel: str
     os_image: str
     arch: str
+    pid_max: int = 0  # /proc/sys/kernel/pid_max: the pids the node has (the kubelet's pid capacity)
 
 
 def _read(path: str) -> str:
@@ -68,4 +69,5 @@ def read_machine_facts(root_dir: Path) -> MachineFacts:
         kernel=platform.release(),
         os_image=os_image,
         arch=_ARCH.get(platform.machine(), platform.machine()),
+        pid_max=int(_read("/proc/sys/kernel/pid_max") or 0),
     )

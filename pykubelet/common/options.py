@@ -9,6 +9,17 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pykubelet.common.allocatable import (
+    DEFAULT_THRESHOLDS,
+    ENFORCE_KUBE_RESERVED,
+    ENFORCE_NONE,
+    ENFORCE_PODS,
+    ENFORCE_SYSTEM_RESERVED,
+    ENFORCEMENT_KEYS,
+    Reserved,
+    Threshold,
+)
+
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 
@@ -98,6 +109,13 @@ class Options:
     cluster_dns: list[str] = field(default_factory=list)
     cluster_domain: str = ""
     resolv_conf: str = "/etc/resolv.conf"
+    # Node allocatable (common/allocatable.py).
+    kube_reserved: Reserved = field(default_factory=Reserved)
+    system_reserved: Reserved = field(default_factory=Reserved)
+    eviction_hard: tuple[Threshold, ...] = DEFAULT_THRESHOLDS
+    enforce_node_allocatable: list[str] = field(default_factory=lambda: [ENFORCE_PODS])
+    system_reserved_cgroup: str = ""
+    kube_reserved_cgroup: str = ""
     log_format: str = "text"
     verbosity: int = 0
 
@@ -149,6 +167,12 @@ class Options:
             "clusterDNS": list(self.cluster_dns),
             "clusterDomain": self.cluster_domain,
             "resolvConf": self.resolv_conf,
+            "kubeReserved": dict(self.kube_reserved.given),
+            "systemReserved": dict(self.system_reserved.given),
+            "evictionHard": {t.signal: t.given for t in self.eviction_hard},
+            "enforceNodeAllocatable": list(self.enforce_node_allocatable),
+            "systemReservedCgroup": self.system_reserved_cgroup,
+            "kubeReservedCgroup": self.kube_reserved_cgroup,
             "logging": {"format": self.log_format, "verbosity": self.verbosity},
         }
 
@@ -179,6 +203,7 @@ class Options:
                 "--pod-max-pids: not supported with --container-runtime remote yet "
                 "(process and docker support it)"
             )
+        problems.extend(self._node_allocatable_problems())
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if not 0 <= self.port <= 65535:
@@ -225,6 +250,43 @@ class Options:
                 f"supported are {', '.join(RUNTIMES)}"
             )
         return problems
+
+    def _node_allocatable_problems(self) -> list[str]:
+        """The kubelet's validation of enforceNodeAllocatable, in its words."""
+        out = []
+        for key in self.enforce_node_allocatable:
+            if key == ENFORCE_SYSTEM_RESERVED and not self.system_reserved_cgroup:
+                out.append(
+                    "invalid configuration: systemReservedCgroup (--system-reserved-cgroup) "
+                    f'must be specified when "{key}" contained in enforceNodeAllocatable '
+                    "(--enforce-node-allocatable)"
+                )
+            elif key == ENFORCE_KUBE_RESERVED and not self.kube_reserved_cgroup:
+                out.append(
+                    "invalid configuration: kubeReservedCgroup (--kube-reserved-cgroup) "
+                    f'must be specified when "{key}" contained in enforceNodeAllocatable '
+                    "(--enforce-node-allocatable)"
+                )
+            elif key == ENFORCE_NONE and len(self.enforce_node_allocatable) > 1:
+                out.append(
+                    "invalid configuration: enforceNodeAllocatable (--enforce-node-allocatable) "
+                    f'may not contain additional enforcements when "{key}" is specified'
+                )
+            elif key in (ENFORCE_SYSTEM_RESERVED, ENFORCE_KUBE_RESERVED) and (
+                self.container_runtime != "process"
+            ):
+                # pykubelet manages cgroups on the process runtime only.
+                out.append(
+                    f"--enforce-node-allocatable {key}: not supported with --container-runtime "
+                    f"{self.container_runtime} (the process runtime enforces it)"
+                )
+            elif key not in ENFORCEMENT_KEYS:
+                valid = ", ".join(f'"{k}"' for k in ENFORCEMENT_KEYS[:3])
+                out.append(
+                    f'invalid configuration: option "{key}" specified for enforceNodeAllocatable '
+                    f'(--enforce-node-allocatable). Valid options are {valid}, or "{ENFORCE_NONE}"'
+                )
+        return out
 
 
 def _dns_problems(cluster_dns: list[str], cluster_domain: str) -> list[str]:

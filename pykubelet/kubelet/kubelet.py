@@ -22,6 +22,7 @@ from typing import TypeVar
 from pykubelet.api.model import Container, Pod, PodStatus
 from pykubelet.api.qos import qos_class
 from pykubelet.common import metrics
+from pykubelet.common.allocatable import NodeResources, node_resources
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.common.machine import MachineFacts
 from pykubelet.common.options import Options
@@ -94,10 +95,19 @@ class Kubelet:
         self._services: ServiceEnv = services if services is not None else NoServices()
         actions = ActionRunner(runtime, host_ip, self._exec_env)
         self._prober = ProbeManager(actions, recorder, self._probe_results.put_nowait)
+        self._resources = node_resources(
+            facts,
+            options.max_pods,
+            options.kube_reserved,
+            options.system_reserved,
+            options.eviction_hard,
+        )
+        allocatable = self._resources.allocatable
+        # What an unset limit shows in the downward API: the node's allocatable.
         node = Allocatable(
-            cpu=Fraction(facts.cpus),
-            memory=facts.memory_kib * 1024,
-            ephemeral_storage=facts.storage_bytes,
+            cpu=Fraction(allocatable["cpu"], 1000),
+            memory=allocatable["memory"],
+            ephemeral_storage=allocatable["ephemeral-storage"],
         )
         volumes = VolumeManager(
             options.root_dir, node, options.allowed_host_paths, TokenManager(objects)
@@ -130,12 +140,6 @@ class Kubelet:
         )
         self._pods = PodStore()
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)
-        # What admission counts requests against (the kubelet's allocatable: nothing reserved).
-        allocatable = {
-            "cpu": facts.cpus * 1000,
-            "memory": facts.memory_kib * 1024,
-            "ephemeral-storage": facts.storage_bytes,
-        }
         self._admission: list[AdmitHandler] = [
             NodeFeatures(options.allow_privileged, options.allowed_host_paths),
             ResourceFit(options.max_pods, allocatable),
@@ -204,6 +208,10 @@ class Kubelet:
         variables of the Services known now."""
         services = pod_service_env(pod, self._services, wait=False)
         return container_env(pod, spec, self.host_ip, pod_ip, services=services)
+
+    def node_resources(self) -> NodeResources:
+        """Capacity, reservations and allocatable, as admission counts them."""
+        return self._resources
 
     def health_problems(self) -> list[str]:
         problems = []

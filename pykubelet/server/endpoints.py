@@ -27,6 +27,7 @@ from aiohttp import web
 
 from pykubelet.api.model import Pod, PodStatus
 from pykubelet.common import metrics
+from pykubelet.common.allocatable import NodeResources
 from pykubelet.common.events import EventRecorder
 from pykubelet.runtime.base import LogTimes, LogUnsupported, Runtime, RuntimeContainer
 from pykubelet.runtime.logfiles import parse_time
@@ -48,6 +49,8 @@ class NodeView(Protocol):
     def find_pod(self, namespace: str, name: str) -> Pod | None: ...
 
     def health_problems(self) -> list[str]: ...
+
+    def node_resources(self) -> NodeResources: ...
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -232,6 +235,7 @@ def build_app(
             [with_status(pod, status).to_api() for pod, status in node.pods_with_status()],
             [e.to_api(node.node_name) for e in node.recorder.events()],
             datetime.now(UTC),
+            node.node_resources(),
         )
         return web.Response(text=page, content_type="text/html")
 

@@ -10,6 +10,7 @@ from html import escape
 from typing import Any
 
 from pykubelet import __version__
+from pykubelet.common.allocatable import NodeResources, format_quantity
 from pykubelet.server.present import age, human_duration, parse_time, pod_status_reason, restarts
 
 REFRESH_SECONDS = 5
@@ -55,8 +56,28 @@ def _container_state(cs: dict[str, Any]) -> str:
     return "unknown"
 
 
+def _resource_table(resources: NodeResources) -> str:
+    """Capacity, what is reserved (kube-reserved + system-reserved + hard eviction threshold)
+    and allocatable, as the Node reports them."""
+    rows = "".join(
+        f"<tr><td>{escape(name)}</td><td>{escape(format_quantity(name, capacity))}</td>"
+        f"<td>{escape(format_quantity(name, resources.reserved.get(name, 0)))}</td>"
+        f"<td>{escape(format_quantity(name, resources.allocatable[name]))}</td></tr>"
+        for name, capacity in resources.capacity.items()
+    )
+    return (
+        "<table><tr><th>Resource</th><th>Capacity</th><th>Reserved</th><th>Allocatable</th></tr>"
+        + rows
+        + "</table>"
+    )
+
+
 def render(
-    node_name: str, pods: list[dict[str, Any]], events: list[dict[str, Any]], now: datetime
+    node_name: str,
+    pods: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    now: datetime,
+    resources: NodeResources | None = None,
 ) -> str:
     rows = []
     for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
@@ -119,5 +140,7 @@ def render(
         f'<div class="sub">pykubelet {__version__} · {len(pods)} pods · refreshes every '
         f'{REFRESH_SECONDS}s · <a href="/pods">/pods</a> · <a href="/events">/events</a> · '
         '<a href="/metrics">/metrics</a></div>'
-        f"<h2>Pods</h2>{pod_table}<h2>Recent events</h2>{event_table}</body></html>"
+        f"<h2>Pods</h2>{pod_table}"
+        + (f"<h2>Node resources</h2>{_resource_table(resources)}" if resources else "")
+        + f"<h2>Recent events</h2>{event_table}</body></html>"
     )

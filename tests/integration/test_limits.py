@@ -91,5 +91,7 @@ def test_pod_max_pids_bounds_a_fork_bomb(start_agent, manifests: Path, backend: 
     assert agent.get("/healthz") == (200, b"ok")
     if backend.engine is None:  # the request reached the container's cgroup (kubelet's shares)
         cid = container_state(calm)["containerID"].removeprefix("process://")
-        shares = CPU_CGROUPS / f"pod{calm['metadata']['uid']}" / cid / "cpu.shares"
+        # A cpu request alone: Burstable, below kubepods/burstable as the kubelet lays it out.
+        pod_dir = CPU_CGROUPS / "kubepods" / "burstable" / f"pod{calm['metadata']['uid']}"
+        shares = pod_dir / cid / "cpu.shares"
         assert shares.read_text().strip() == "102"

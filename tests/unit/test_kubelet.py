@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 import pytest
 
 from pykubelet.api.model import Pod, PodStatus
+from pykubelet.cmd.node_resources import parse_reserved, parse_thresholds
+from pykubelet.common.allocatable import float32
 from pykubelet.common.events import Event, EventRecorder, ObjectRef
 from pykubelet.common.machine import MachineFacts
 from pykubelet.common.options import Options
@@ -35,6 +37,7 @@ from tests.fakes import FakeRuntime
 
 T = TypeVar("T")
 GIB = 1 << 30
+MIB = 1 << 20
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 FACTS = MachineFacts(
     cpus=2,
@@ -392,11 +395,46 @@ async def test_requests_over_what_is_left_of_allocatable_are_rejected(
     assert rejection(node, huge) == (
         "Failed",
         "OutOfmemory",
+        # Allocatable: the kubelet's default hard eviction threshold memory.available<100Mi.
         f"Pod was rejected: Node didn't have enough resource: memory, requested: {5 * GIB}, "
-        f"used: 0, capacity: {4 * GIB}",
+        f"used: 0, capacity: {4 * GIB - 100 * MIB}",
     )
     assert node.events(more, "OutOfcpu") and node.events(huge, "OutOfmemory")
     assert not node.runtime.ops(pod_uid=more.uid) and not node.runtime.ops(pod_uid=huge.uid)
+
+
+async def test_admission_counts_against_capacity_less_the_reservations(
+    make_node: NodeFactory,
+) -> None:
+    node = await make_node(
+        kube_reserved=parse_reserved({"cpu": "300m", "memory": "512Mi"}),
+        system_reserved=parse_reserved({"cpu": "200m", "memory": "1Gi"}),
+        eviction_hard=parse_thresholds({"memory.available": "5%"}),
+    )  # 2 cpus, 4 GiB
+    allocatable_memory = 4 * GIB - 512 * MIB - GIB - int(4 * GIB * float32(0.05))
+    assert node.kubelet.node_resources().allocatable == {
+        "cpu": 1500,
+        "memory": allocatable_memory,
+        "ephemeral-storage": 100 * GIB,  # no nodefs.available threshold given: none
+        "pods": 110,
+    }
+    fits = make_pod("fits", containers=[container(**requests(cpu="1500m"))], created=1)
+    more = make_pod("more", containers=[container(**requests(cpu="1m"))], created=2)
+    big = make_pod("big", containers=[container(**requests(memory="2560Mi"))], created=3)
+    node.set_pods(fits, more, big)
+    await node.started(fits)
+    assert rejection(node, more) == (
+        "Failed",
+        "OutOfcpu",
+        "Pod was rejected: Node didn't have enough resource: cpu, requested: 1, used: 1500, "
+        "capacity: 1500",
+    )
+    assert rejection(node, big) == (
+        "Failed",
+        "OutOfmemory",
+        f"Pod was rejected: Node didn't have enough resource: memory, requested: {2560 * MIB}, "
+        f"used: 0, capacity: {allocatable_memory}",
+    )
 
 
 async def test_node_features_privileged_and_host_paths(make_node: NodeFactory) -> None:

@@ -11,9 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from pykubelet.api.qos import BEST_EFFORT, BURSTABLE, GUARANTEED
 from pykubelet.api.quantity import parse_quantity
 from pykubelet.runtime.base import ContainerConfig, ContainerRunState
-from pykubelet.runtime.process.cgroups import CONTROLLERS, PARENT, Cgroups, Settings
+from pykubelet.runtime.process.cgroups import (
+    CONTROLLERS,
+    KUBEPODS,
+    PARENT,
+    Cgroups,
+    PodsLimits,
+    ReservedCgroup,
+    Settings,
+)
 from pykubelet.runtime.process.runtime import UNKNOWN_REASON, ProcessRuntime
 from pykubelet.runtime.resources import cpu_weight
 from tests.unit.test_process_runtime import (
@@ -51,8 +60,20 @@ pytestmark = pytest.mark.skipif(
 
 
 def cg(controller: str, pod_uid: str, container_id: str | None = None) -> Path:
-    path = HIERARCHIES[controller] / f"pod{pod_uid}"
+    """The pod's (or container's) cgroup, below whichever QoS class's directory holds it."""
+    kubepods = HIERARCHIES[controller] / KUBEPODS
+    candidates = [d / f"pod{pod_uid}" for d in (kubepods / "besteffort", kubepods / "burstable")]
+    path = next((c for c in [*candidates, kubepods / f"pod{pod_uid}"] if c.exists()), candidates[0])
     return path if container_id is None else path / container_id
+
+
+def remove_tree(path: Path) -> None:
+    """A test's own cgroup tree, removed bottom-up (cgroupfs removes directories only)."""
+    if path.is_dir():
+        for child in path.iterdir():
+            if child.is_dir():
+                remove_tree(child)
+        path.rmdir()
 
 
 def read(path: Path) -> str:
@@ -123,8 +144,8 @@ async def test_limits_are_written_and_the_process_joined_its_cgroups(rt: Process
     assert c.pid is not None
     lines = read(Path(f"/proc/{c.pid}/cgroup")).splitlines()
     joined = {line.split(":")[1]: line.split(":")[2] for line in lines}
-    for name in CONTROLLERS:
-        assert joined[name].endswith(f"/{PARENT}/pod{pod.uid}/{c.id}")
+    for name in CONTROLLERS:  # the pod asks nothing in its spec: BestEffort
+        assert joined[name].endswith(f"/{PARENT}/{KUBEPODS}/besteffort/pod{pod.uid}/{c.id}")
     await rt.stop_container(c, grace_seconds=5)
     assert not mem.exists() and not cpu.exists()
 
@@ -293,15 +314,102 @@ def test_cgroup_v2_files_on_a_fake_unified_hierarchy(tmp_path: Path) -> None:
     assert [(h.controller, h.version, h.parent) for h in cgroups.hierarchies] == [
         (name, 2, root / PARENT) for name in CONTROLLERS
     ]
+    kubepods = root / PARENT / KUBEPODS
+    for directory in (root / PARENT, kubepods, kubepods / "burstable", kubepods / "besteffort"):
+        assert (directory / "cgroup.subtree_control").read_text() == "+pids"  # the last written
+    assert (kubepods / "besteffort" / "cpu.weight").read_text() == str(cpu_weight(2))
     settings = Settings.of({"memory": "64Mi", "cpu": "1500m"}, {"cpu": "500m"})
-    procs = cgroups.create("u1", "c1", settings)
-    cdir = root / PARENT / "podu1" / "c1"
+    procs = cgroups.create("u1", "c1", settings, BURSTABLE)
+    cdir = kubepods / "burstable" / "podu1" / "c1"
     assert procs == [str(cdir / "cgroup.procs")]  # one directory for every v2 controller
     assert (cdir / "memory.max").read_text() == str(64 << 20)
     assert (cdir / "cpu.max").read_text() == "150000 100000"
     assert (cdir / "cpu.weight").read_text() == str(cpu_weight(512))
-    assert (root / PARENT / "podu1" / "pids.max").read_text() == "50"
+    assert (kubepods / "burstable" / "podu1" / "pids.max").read_text() == "50"
     (cdir / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert cgroups.oom_killed("u1", "c1")
     (cdir / "memory.events").write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n")
     assert not cgroups.oom_killed("u1", "c1")
+
+
+def test_kubepods_limits_on_a_fake_unified_hierarchy(tmp_path: Path) -> None:
+    proc, root = tmp_path / "proc", tmp_path / "unified"
+    proc.mkdir()
+    root.mkdir()
+    (proc / "mounts").write_text(f"cgroup2 {root} cgroup2 rw,nosuid 0 0\n")
+    (proc / "cgroup").write_text("0::/\n")
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    limits = PodsLimits(memory=3 << 30, cpu_milli=1500, pids=5000)
+    Cgroups(proc=proc, pods_limits=limits).detect()
+    kubepods = root / PARENT / KUBEPODS
+    assert (kubepods / "memory.max").read_text() == str(3 << 30)
+    assert (kubepods / "cpu.weight").read_text() == str(cpu_weight(1536))
+    assert (kubepods / "pids.max").read_text() == "5000"
+
+
+def test_kubepods_holds_the_pods_by_qos_class_and_gets_allocatable(tmp_path: Path) -> None:
+    """On the machine's v1 controllers, in a tree of this test's own (not the agents')."""
+    parent = f"pykubelet-test-{os.getpid()}"
+    limits = PodsLimits(memory=3 << 30, cpu_milli=1500, pids=5000)
+    cgroups = Cgroups(parent=parent, pods_limits=limits)
+    roots = {name: path.parent / parent for name, path in HIERARCHIES.items()}
+    try:
+        cgroups.detect()
+        assert cgroups.hierarchies
+        kubepods = {name: root / KUBEPODS for name, root in roots.items()}
+        assert read(kubepods["memory"] / "memory.limit_in_bytes") == str(3 << 30)
+        assert read(kubepods["cpu"] / "cpu.shares") == "1536"  # 1500m * 1024 / 1000
+        assert read(kubepods["cpu"] / "besteffort" / "cpu.shares") == "2"
+        assert read(kubepods["pids"] / "pids.max") == "5000"
+        assert cgroups.pods_cgroup("memory") == kubepods["memory"]
+        settings = Settings.of({"memory": "64Mi"}, {})
+        for uid, qos, where in (
+            ("g", GUARANTEED, ""),
+            ("b", BURSTABLE, "burstable/"),
+            ("e", BEST_EFFORT, "besteffort/"),
+        ):
+            cgroups.create(uid, "c1", settings, qos)
+            assert (kubepods["memory"] / f"{where}pod{uid}" / "c1").is_dir()
+            assert cgroups.exists(uid, "c1")  # found again without its class (adoption)
+            cgroups.remove_pod(uid)
+            assert not (kubepods["memory"] / f"{where}pod{uid}").exists()
+        # A container of the layout before kubepods (an agent upgraded while it ran).
+        old = roots["memory"] / "podold" / "c1"
+        old.mkdir(parents=True)
+        assert cgroups.exists("old", "c1")
+        cgroups.remove_pod("old")
+        assert not old.parent.exists()
+        # A restart with other reservations writes the new limits.
+        Cgroups(parent=parent, pods_limits=PodsLimits(memory=2 << 30)).detect()
+        assert read(kubepods["memory"] / "memory.limit_in_bytes") == str(2 << 30)
+    finally:
+        for root in roots.values():
+            remove_tree(root)
+
+
+def test_an_enforced_reservation_limits_its_existing_cgroup_or_refuses() -> None:
+    name = f"/pykubelet-test-system-{os.getpid()}"
+    parent = f"pykubelet-test-{os.getpid()}"
+    cgroups = Cgroups(parent=parent)
+    roots = {n: path.parent / parent for n, path in HIERARCHIES.items()}
+    mounts = {n: Path("/sys/fs/cgroup") / n for n in CONTROLLERS}
+    system = ReservedCgroup("System Reserved", name, PodsLimits(1 << 30, 500, 1000))
+    try:
+        cgroups.detect()
+        with pytest.raises(ValueError) as info:
+            cgroups.enforce_reserved((system,))
+        assert str(info.value) == (
+            f'Failed to enforce System Reserved Cgroup Limits on "{name}": '
+            f'"{name}" cgroup does not exist'
+        )
+        for mount in mounts.values():
+            (mount / name.lstrip("/")).mkdir()
+        cgroups.enforce_reserved((system,))
+        assert read(mounts["memory"] / name.lstrip("/") / "memory.limit_in_bytes") == str(1 << 30)
+        assert read(mounts["cpu"] / name.lstrip("/") / "cpu.shares") == "512"
+        assert read(mounts["pids"] / name.lstrip("/") / "pids.max") == "1000"
+    finally:
+        for mount in mounts.values():
+            remove_tree(mount / name.lstrip("/"))
+        for root in roots.values():
+            remove_tree(root)

@@ -1,9 +1,23 @@
 """cgroups of the process runtime: resource limits, the pod's pids limit, OOM kills, leftovers.
 
 Each container that needs limits gets a cgroup in each controller used (memory, cpu, pids), at a
-path derived only from its pod UID and container ID, so a restarted agent finds them again:
+path derived only from its pod's QoS class, UID and container ID, laid out as the kubelet's
+(cgroupsPerQOS): Guaranteed pods directly in `kubepods`, the others in its `burstable` and
+`besteffort` children:
 
-    <hierarchy>/pykubelet/pod<pod uid>/<container id>
+    <hierarchy>/pykubelet/kubepods/[burstable/|besteffort/]pod<pod uid>/<container id>
+
+A pod's class never changes, and the lookups that do not know it (adoption after a restart, the
+cleanup of what is left) try the three places, and the layout before `kubepods` existed
+(`pykubelet/pod<uid>`), so a restarted agent finds its cgroups again.
+
+`kubepods` holds the node allocatable's limits (the kubelet's createNodeAllocatableCgroups and
+enforceNodeAllocatableCgroups): memory and cpu shares of capacity less the reservations with
+--enforce-node-allocatable=pods, else of capacity, and `pids.max` when a pid reservation is
+set; `besteffort` gets the minimum 2 cpu shares. They are written at every start (a restart
+with other reservations changes them); a limit the kernel refuses (memory below what the pods
+use now) is logged and left as it was. With `system-reserved` / `kube-reserved` enforced, the
+named existing cgroup gets its reservation as limits, or the start is refused.
 
 The pod level carries `pids.max` (`--pod-max-pids`, per pod as the kubelet applies it). On cgroup
 v1 the `pykubelet` parent sits under the agent's own cgroup of that hierarchy (v1 allows processes
@@ -25,9 +39,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pykubelet.api.qos import BEST_EFFORT, BURSTABLE, GUARANTEED, QOSClass
 from pykubelet.api.quantity import to_bytes, to_millicpu
 from pykubelet.runtime.resources import (
     CPU_PERIOD,
+    MIN_CPU_SHARES,
     cpu_quota,
     cpu_shares,
     cpu_weight,
@@ -38,6 +54,8 @@ log = logging.getLogger(__name__)
 
 CONTROLLERS = ("memory", "cpu", "pids")
 PARENT = "pykubelet"
+KUBEPODS = "kubepods"  # the kubelet's defaultNodeAllocatableCgroupName
+QOS_DIRS = {GUARANTEED: "", BURSTABLE: "burstable", BEST_EFFORT: "besteffort"}
 # A killed process leaves its cgroup within milliseconds; one stuck in the kernel may not.
 EMPTY_TIMEOUT = 5.0
 
@@ -47,6 +65,26 @@ class Hierarchy:
     controller: str
     version: int  # 1 or 2
     parent: Path  # the `pykubelet` directory in it
+    mount: Path | None = None  # the hierarchy's root (where named cgroups are found)
+
+
+@dataclass(frozen=True)
+class PodsLimits:
+    """What `kubepods` gets: memory in bytes, cpu in millicores, pids (None: unlimited)."""
+
+    memory: int | None = None
+    cpu_milli: int | None = None
+    pids: int | None = None
+
+
+@dataclass(frozen=True)
+class ReservedCgroup:
+    """--system-reserved-cgroup or --kube-reserved-cgroup, enforced: its reservation written as
+    its limits (the kubelet's enforceExistingCgroup)."""
+
+    what: str  # "System Reserved", "Kube Reserved": the kubelet's words in its errors
+    name: str  # from the hierarchy's root, e.g. /system.slice
+    limits: PodsLimits
 
 
 @dataclass(frozen=True)
@@ -103,9 +141,14 @@ def _mounts(proc: Path) -> tuple[dict[str, Path], Path | None]:
 
 class Cgroups:
     def __init__(
-        self, pod_pids_limit: int = -1, parent: str = PARENT, proc: Path = Path("/proc/self")
+        self,
+        pod_pids_limit: int = -1,
+        parent: str = PARENT,
+        proc: Path = Path("/proc/self"),
+        pods_limits: PodsLimits | None = None,
     ) -> None:
         self.pod_pids_limit = pod_pids_limit
+        self._pods_limits = pods_limits or PodsLimits()
         self._parent = parent
         self._proc = proc  # where the mounts and our own cgroups are read (tests: a fake tree)
         self._hierarchies: list[Hierarchy] = []
@@ -135,22 +178,89 @@ class Cgroups:
         problems: list[str] = []
         for name in CONTROLLERS:
             if v2 is not None and name in v2_controllers:
-                hierarchy = Hierarchy(name, 2, v2 / self._parent)
+                hierarchy = Hierarchy(name, 2, v2 / self._parent, v2)
             elif name in v1 and name in own:
-                hierarchy = Hierarchy(name, 1, v1[name] / own[name].lstrip("/") / self._parent)
+                own_dir = v1[name] / own[name].lstrip("/")
+                hierarchy = Hierarchy(name, 1, own_dir / self._parent, v1[name])
             else:
                 problems.append(f"no {name} controller is mounted")
                 continue
             try:
                 hierarchy.parent.mkdir(exist_ok=True)
+                kubepods = hierarchy.parent / KUBEPODS
+                for directory in (kubepods, *(kubepods / d for d in QOS_DIRS.values() if d)):
+                    directory.mkdir(exist_ok=True)
                 if hierarchy.version == 2:
                     _write(hierarchy.parent.parent / "cgroup.subtree_control", f"+{name}")
-                    _write(hierarchy.parent / "cgroup.subtree_control", f"+{name}")
+                    for directory in (hierarchy.parent, kubepods):
+                        _write(directory / "cgroup.subtree_control", f"+{name}")
+                    for qos_dir in QOS_DIRS.values():
+                        if qos_dir:
+                            _write(kubepods / qos_dir / "cgroup.subtree_control", f"+{name}")
             except OSError as e:
                 problems.append(f"cannot use the {name} controller: {e}")
                 continue
             self._hierarchies.append(hierarchy)
+            self._limit_pods(hierarchy)
         self._problem = "; ".join(problems) or None
+
+    def _limit_pods(self, h: Hierarchy) -> None:
+        """kubepods' limits, and besteffort's minimum shares. A refusal is logged, not fatal:
+        the kubelet retries it too (pods above a lowered limit are evicted meanwhile)."""
+        kubepods = h.parent / KUBEPODS
+        limits = self._pods_limits
+        writes: list[tuple[Path, int | str]] = []
+        if h.controller == "memory" and limits.memory is not None:
+            name = "memory.limit_in_bytes" if h.version == 1 else "memory.max"
+            writes.append((kubepods / name, limits.memory))
+        elif h.controller == "cpu":
+            if limits.cpu_milli is not None:
+                shares = cpu_shares(limits.cpu_milli)
+                writes.append(_shares_file(h, kubepods, shares))
+            writes.append(_shares_file(h, kubepods / QOS_DIRS[BEST_EFFORT], MIN_CPU_SHARES))
+        elif h.controller == "pids" and limits.pids is not None:
+            writes.append((kubepods / "pids.max", limits.pids))
+        for path, value in writes:
+            try:
+                _write(path, value)
+            except OSError as e:
+                log.warning("Failed to update Node Allocatable Limits %s: %s", kubepods, e)
+
+    def enforce_reserved(self, reserved: tuple[ReservedCgroup, ...]) -> None:
+        """Write each reservation to its existing cgroup; raises ValueError with the kubelet's
+        message (the start is refused, as the kubelet's is)."""
+        for cgroup in reserved:
+            try:
+                self._enforce_one(cgroup)
+            except (OSError, ValueError) as e:
+                raise ValueError(
+                    f'Failed to enforce {cgroup.what} Cgroup Limits on "{cgroup.name}": {e}'
+                ) from None
+
+    def _enforce_one(self, cgroup: ReservedCgroup) -> None:
+        if not self._hierarchies:
+            raise ValueError(f"cgroups are not usable: {self._problem}")
+        limits = cgroup.limits
+        for h in self._hierarchies:
+            if h.mount is None:
+                continue
+            path = h.mount / cgroup.name.lstrip("/")
+            if not path.is_dir():
+                raise ValueError(f'"{cgroup.name}" cgroup does not exist')
+            if h.controller == "memory" and limits.memory is not None:
+                name = "memory.limit_in_bytes" if h.version == 1 else "memory.max"
+                _write(path / name, limits.memory)
+            elif h.controller == "cpu" and limits.cpu_milli is not None:
+                _write(*_shares_file(h, path, cpu_shares(limits.cpu_milli)))
+            elif h.controller == "pids" and limits.pids is not None:
+                _write(path / "pids.max", limits.pids)
+
+    def pods_cgroup(self, controller: str) -> Path | None:
+        """The `kubepods` directory of a controller in use (what its limits are read from)."""
+        for h in self._hierarchies:
+            if h.controller == controller:
+                return h.parent / KUBEPODS
+        return None
 
     def wanted(self, limits: dict[str, str], requests: dict[str, str]) -> bool:
         """Whether a container with these resources needs cgroups at all."""
@@ -168,19 +278,23 @@ class Cgroups:
             )
         return bool(self._hierarchies)
 
-    def _dirs(self, pod_uid: str, container_id: str | None = None) -> list[tuple[Hierarchy, Path]]:
+    def _dirs(
+        self, pod_uid: str, container_id: str | None = None, qos: QOSClass | None = None
+    ) -> list[tuple[Hierarchy, Path]]:
         out = []
         for h in self._hierarchies:
-            path = h.parent / f"pod{pod_uid}"
+            path = _pod_dir(h, pod_uid, qos)
             out.append((h, path if container_id is None else path / container_id))
         return out
 
-    def create(self, pod_uid: str, container_id: str, settings: Settings) -> list[str]:
-        """Create the container's cgroups with their limits: the cgroup.procs files to join.
-        On failure nothing of the container is left."""
+    def create(
+        self, pod_uid: str, container_id: str, settings: Settings, qos: QOSClass = BURSTABLE
+    ) -> list[str]:
+        """Create the container's cgroups with their limits, below its pod's QoS class: the
+        cgroup.procs files to join. On failure nothing of the container is left."""
         procs: list[str] = []
         try:
-            for h, cdir in self._dirs(pod_uid, container_id):
+            for h, cdir in self._dirs(pod_uid, container_id, qos):
                 pod_dir = cdir.parent
                 pod_dir.mkdir(exist_ok=True)
                 if h.controller == "pids":
@@ -260,6 +374,27 @@ class Cgroups:
                 children = [Path(e.path) for e in os.scandir(pod_dir) if e.is_dir()]
                 _empty_and_remove(children)
             _empty_and_remove([pod_dir])
+
+
+def _shares_file(h: Hierarchy, directory: Path, shares: int) -> tuple[Path, int | str]:
+    if h.version == 1:
+        return directory / "cpu.shares", shares
+    return directory / "cpu.weight", cpu_weight(shares)
+
+
+def _pod_dir(h: Hierarchy, pod_uid: str, qos: QOSClass | None) -> Path:
+    """Where the pod's cgroup is in this hierarchy: below its class when known, else wherever it
+    exists (kubepods, burstable, besteffort, or the layout before kubepods)."""
+    name = f"pod{pod_uid}"
+    kubepods = h.parent / KUBEPODS
+    if qos is not None:
+        qos_dir = QOS_DIRS[qos]
+        return (kubepods / qos_dir if qos_dir else kubepods) / name
+    candidates = [kubepods / name, kubepods / "burstable" / name, kubepods / "besteffort" / name]
+    for candidate in [*candidates, h.parent / name]:
+        if candidate.is_dir():
+            return candidate
+    return candidates[0]
 
 
 def _empty_and_remove(dirs: list[Path]) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pykubelet.api.model import Pod
+from pykubelet.api.qos import qos_class
 from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import (
     NO_LOG_TIMES,
@@ -57,7 +58,7 @@ from pykubelet.runtime.base import (
 )
 from pykubelet.runtime.process import records, statefile
 from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream, log_size
-from pykubelet.runtime.process.cgroups import Cgroups, Settings
+from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgroup, Settings
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
 from pykubelet.runtime.process.processes import ID_VARIABLE, boot_id, kill_group, reap
@@ -108,9 +109,15 @@ class ProcessRuntime:
     name = NAME
 
     def __init__(
-        self, root_dir: Path, node_ip: str = "127.0.0.1", pod_pids_limit: int = -1
+        self,
+        root_dir: Path,
+        node_ip: str = "127.0.0.1",
+        pod_pids_limit: int = -1,
+        pods_limits: PodsLimits | None = None,
+        reserved_cgroups: tuple[ReservedCgroup, ...] = (),
     ) -> None:
-        self._cgroups = Cgroups(pod_pids_limit)
+        self._cgroups = Cgroups(pod_pids_limit, pods_limits=pods_limits)
+        self._reserved_cgroups = reserved_cgroups
         self._dir = root_dir / "runtime" / "process"
         # Where the volumes of pods are mounted (pykubelet.pod.volumes): no container's namespace
         # keeps a copy of those mounts.
@@ -135,7 +142,11 @@ class ProcessRuntime:
             raise RuntimeFailure("the process runtime needs Linux >= 5.3 (pidfd_open, P_PIDFD)")
         try:
             await asyncio.to_thread(self._cgroups.detect)
+            if self._reserved_cgroups:
+                await asyncio.to_thread(self._cgroups.enforce_reserved, self._reserved_cgroups)
             loaded = await asyncio.to_thread(records.load, self._dir, self._cgroups)
+        except ValueError as e:
+            raise RuntimeFailure(str(e)) from None
         except OSError as e:
             raise RuntimeFailure(f"cannot load the process runtime's state: {e}") from e
         self._loop = asyncio.get_running_loop()
@@ -477,7 +488,7 @@ class ProcessRuntime:
         if settings is not None:
             try:
                 procs = await asyncio.to_thread(
-                    self._cgroups.create, pod.uid, container_id, settings
+                    self._cgroups.create, pod.uid, container_id, settings, qos_class(pod)
                 )
             except OSError as e:
                 raise StartError(
