@@ -233,10 +233,11 @@ def test_kubectl_debug_on_the_remote_runtime(
     cri_backend: Backend,
 ) -> None:
     """A CreateContainer in the pod's sandbox, the target's PID namespace (NamespaceMode
-    TARGET); -i and -it attach through the runtime's streaming server."""
+    TARGET); -it attaches through the runtime's streaming server. (Not -i with piped input:
+    containerd ends a non-terminal stdinOnce attach's output when its input ends, as docker
+    attach does, so an answer after the input is not seen; the kubelet's proxy shows the same.)"""
     client, kubeconfig = start_node(apiserver, start_agent, tmp_path, *cri_backend.flags)
     logs = debug_and_read_logs(client, kubeconfig, "--target=app")
     assert logs.startswith("from-debug\n/bin/sh -c echo app-started"), logs
 
-    check_piped_stdin(kubeconfig)
     check_interactive_shell(kubeconfig)
