@@ -69,8 +69,10 @@ from pykubelet.runtime.base import (
     Runtime,
     RuntimeContainer,
     RuntimeFailure,
+    RuntimeImage,
     RuntimePod,
     RuntimeSandbox,
+    RuntimeVersion,
     StartError,
     ensure_image,
 )
@@ -542,6 +544,12 @@ class FakeRuntime:
     async def close(self) -> None:
         await self._enter("close")
         self.started = False  # what runs keeps running, as with the real backends
+
+    async def version(self) -> RuntimeVersion:
+        return RuntimeVersion("fake", "0")
+
+    async def images(self) -> list[RuntimeImage]:
+        return []
 
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)

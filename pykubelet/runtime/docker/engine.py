@@ -46,6 +46,8 @@ from pykubelet.runtime.base import (
     ExecStream,
     LogTimes,
     RuntimeFailure,
+    RuntimeImage,
+    RuntimeVersion,
     StartError,
 )
 from pykubelet.runtime.docker.client import DockerClient, EngineError, ExecSession
@@ -261,6 +263,32 @@ class DockerEngine:
             headers.get("Server") or ("Podman" if self._podman else "Docker"),
             headers.get("Api-Version", "1.41"),
         )
+
+    def id_scheme(self) -> str:
+        return NAME  # Podman's Docker API too: its containers are docker://<id>, as with dockershim
+
+    async def version(self) -> RuntimeVersion:
+        """docker://<Version of /version> (Podman: its Docker-compatible version)."""
+        try:
+            info = await self._client.json("GET", "version")
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot ask {self._endpoint} for its version: {e}") from e
+        return RuntimeVersion(NAME, str(info.get("Version") or "unknown"))
+
+    async def images(self) -> list[RuntimeImage]:
+        try:
+            listing = await self._client.json("GET", "images/json")
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot list the images of {self._endpoint}: {e}") from e
+        out = []
+        for image in listing or []:
+            names = [
+                n
+                for n in [*(image.get("RepoDigests") or []), *(image.get("RepoTags") or [])]
+                if n and not n.startswith("<none>")
+            ]
+            out.append(RuntimeImage(tuple(names), int(image.get("Size") or 0)))
+        return out
 
     async def close(self) -> None:
         for task in self._tasks:

@@ -44,8 +44,10 @@ from pykubelet.runtime.base import (
     LogTimes,
     RuntimeContainer,
     RuntimeFailure,
+    RuntimeImage,
     RuntimePod,
     RuntimeSandbox,
+    RuntimeVersion,
     SharedPulls,
     StartError,
     dial_local_port,
@@ -151,6 +153,12 @@ class SandboxRuntime(Generic[R]):
             await self._engine.close()
         await self._cache.close()
 
+    async def version(self) -> RuntimeVersion:
+        return await self._engine.version()
+
+    async def images(self) -> list[RuntimeImage]:
+        return await self._engine.images()
+
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
 
@@ -167,7 +175,8 @@ class SandboxRuntime(Generic[R]):
         return self._pods([uid]).get(uid)
 
     def _pods(self, only: list[str] | None = None) -> dict[str, RuntimePod]:
-        return pods(self._cache.sandboxes(), self._cache.containers(), self.name, only)
+        scheme = self._engine.id_scheme()
+        return pods(self._cache.sandboxes(), self._cache.containers(), scheme, only)
 
     # --- sandboxes ------------------------------------------------------------------------------
 

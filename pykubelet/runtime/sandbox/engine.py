@@ -32,6 +32,8 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     LogTimes,
+    RuntimeImage,
+    RuntimeVersion,
 )
 
 
@@ -160,10 +162,23 @@ R = TypeVar("R")  # an engine's create request of one container, built before th
 
 
 class Engine(Inspector, Protocol[R]):
-    name: str  # the scheme of container IDs ("docker://<id>")
+    name: str  # the backend (--container-runtime)
 
     async def connect(self) -> None:
         """Reach the engine and check that it is one; on failure, leave nothing open."""
+
+    def id_scheme(self) -> str:
+        """The scheme of container IDs in pod status ("docker", "containerd"): the runtime's
+        name, known once connected."""
+        ...
+
+    async def version(self) -> RuntimeVersion:
+        """The engine's own name and version."""
+        ...
+
+    async def images(self) -> list[RuntimeImage]:
+        """The images the engine holds."""
+        ...
 
     async def close(self) -> None:
         """Close connections and stop what the engine started. Containers keep running."""
