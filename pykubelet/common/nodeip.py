@@ -111,7 +111,7 @@ def choose_node_ips(requested: list[IP], node_name: str, net: HostNetwork) -> li
 # --- reading the host's network (blocking: call in a thread) -------------------------------------
 
 
-def _default_v4(route_table: str) -> str | None:
+def parse_route_v4(route_table: str) -> str | None:
     best: tuple[int, str] | None = None
     for line in route_table.splitlines()[1:]:
         cols = line.split()
@@ -122,7 +122,7 @@ def _default_v4(route_table: str) -> str | None:
     return best[1] if best else None
 
 
-def _default_v6(route_table: str) -> str | None:
+def parse_route_v6(route_table: str) -> str | None:
     best: tuple[int, str] | None = None
     for line in route_table.splitlines():
         cols = line.split()
@@ -136,7 +136,7 @@ def _default_v6(route_table: str) -> str | None:
     return best[1] if best else None
 
 
-def _inet6_addresses(table: str) -> dict[str, list[IP]]:
+def parse_if_inet6(table: str) -> dict[str, list[IP]]:
     out: dict[str, list[IP]] = {}
     for line in table.splitlines():
         cols = line.split()
@@ -168,7 +168,7 @@ def read_host_network(node_name: str) -> HostNetwork:
         v4 = _ipv4_of(name)
         if v4 is not None:
             addresses.setdefault(name, []).append(v4)
-    for name, v6 in _inet6_addresses(_read("/proc/net/if_inet6")).items():
+    for name, v6 in parse_if_inet6(_read("/proc/net/if_inet6")).items():
         addresses.setdefault(name, []).extend(v6)
     resolved: list[IP] = []
     try:
@@ -181,8 +181,8 @@ def read_host_network(node_name: str) -> HostNetwork:
         pass
     return HostNetwork(
         addresses=addresses,
-        default_v4=_default_v4(_read("/proc/net/route")),
-        default_v6=_default_v6(_read("/proc/net/ipv6_route")),
+        default_v4=parse_route_v4(_read("/proc/net/route")),
+        default_v6=parse_route_v6(_read("/proc/net/ipv6_route")),
         resolved=resolved,
     )
 
