@@ -292,7 +292,7 @@ class SandboxRuntime(Generic[R]):
         if entry is None:
             raise RuntimeFailure(f"container {config.name} of pod {pod.key} vanished at start")
         self._notify(pod.uid)
-        return container_view(entry, self.name)
+        return container_view(entry, self._engine.id_scheme())
 
     async def stop_container(self, container: RuntimeContainer, grace_seconds: float) -> None:
         entry = self._cache.container(container.id)
