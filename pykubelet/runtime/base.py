@@ -55,6 +55,7 @@ class RuntimeContainer:
     reason: str | None = None  # Completed, Error, OOMKilled, ContainerStatusUnknown, ...
     message: str | None = None
     pid: int | None = None
+    image_id: str = ""  # status.imageID, the image's digest reference ("": `image`)
 
     @property
     def container_id(self) -> str:

@@ -197,6 +197,13 @@ def test_node_info_and_images_are_the_runtimes(
     )
     state = pod["status"]["containerStatuses"][0]
     assert state["containerID"].startswith(backend.scheme), state
+    # imageID is the image's digest: dockershim's forms for Docker, the CRI's image_ref.
+    image_id = state["imageID"]
+    if backend.name == "docker":
+        assert image_id.startswith(("docker-pullable://", "docker://sha256:")), state
+    else:
+        assert image_id.startswith("sha256:") or "@sha256:" in image_id, state
+    assert "@sha256:" in image_id or len(image_id.rpartition("sha256:")[2]) == 64, state
     node = wait_for(
         "the node listing the pod's image",
         lambda: (

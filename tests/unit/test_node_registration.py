@@ -29,6 +29,7 @@ from pykubelet.common.nodeip import (
     parse_route_v6,
 )
 from pykubelet.runtime.base import RuntimeImage
+from pykubelet.runtime.docker.convert import docker_image_id
 
 
 def ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
@@ -310,3 +311,11 @@ def test_config_file_taints_provider_and_register_node(tmp_path: Path) -> None:
     # A flag wins over the file, as with the kubelet.
     opts = parse_options(["--config", str(config), "--register-with-taints", "a:NoExecute"])
     assert opts.register_with_taints == [Taint("a", "NoExecute")]
+
+
+def test_docker_image_ids_as_the_kubelet_reports_them() -> None:
+    digest = "docker.io/library/busybox@sha256:" + "a" * 64
+    assert docker_image_id("sha256:" + "b" * 64, digest) == f"docker-pullable://{digest}"
+    assert docker_image_id("sha256:" + "b" * 64) == "docker://sha256:" + "b" * 64
+    assert docker_image_id("b" * 64) == "docker://sha256:" + "b" * 64  # Podman's bare ID
+    assert docker_image_id("") == ""

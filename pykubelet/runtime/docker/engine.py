@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -57,6 +58,7 @@ from pykubelet.runtime.docker.convert import (
     LogDemuxer,
     container_body,
     container_name,
+    docker_image_id,
     event_kind,
     listing_rows,
     memory_limit,
@@ -250,6 +252,7 @@ class DockerEngine:
         self._watchers: dict[str, OomWatcher] = {}
         self._watching: set[str] = set()  # a watcher is being set up or was tried
         self._oom_seen: set[str] = set()
+        self._repo_digests: dict[str, str | None] = {}  # by image ID
 
     # --- connection -----------------------------------------------------------------------------
 
@@ -335,7 +338,25 @@ class DockerEngine:
         entry = parse_inspect(info, self._node_ip)
         if isinstance(entry, ContainerEntry):
             self._track_oom(entry, memory_limit(info))
+            digest = await self._repo_digest(str(info.get("Image") or ""))
+            if digest:
+                entry = dataclasses.replace(
+                    entry, image_id=docker_image_id(str(info.get("Image")), digest)
+                )
         return entry
+
+    async def _repo_digest(self, image_id: str) -> str | None:
+        """The image's first repository digest, asked once per image."""
+        if not image_id:
+            return None
+        if image_id not in self._repo_digests:
+            try:
+                image = await self._client.json("GET", f"images/{image_id}/json")
+            except EngineError:
+                return None  # gone, or not answering: the ID will do
+            digests = (image or {}).get("RepoDigests") or []
+            self._repo_digests[image_id] = str(digests[0]) if digests else None
+        return self._repo_digests[image_id]
 
     def forget(self, id: str) -> None:
         watcher = self._watchers.pop(id, None)

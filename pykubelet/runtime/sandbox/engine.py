@@ -91,6 +91,9 @@ class ContainerEntry:
     log_path: str = ""
     tty: bool = False
     seq: int = 0
+    # status.imageID: the image's digest reference (docker-pullable://repo@sha256:...,
+    # docker://sha256:<id>, the CRI's image_ref); "" for `image`.
+    image_id: str = ""
 
     @property
     def kind(self) -> Kind:
