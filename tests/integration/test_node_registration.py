@@ -222,3 +222,39 @@ def test_node_info_and_images_are_the_runtimes(
     assert sizes == sorted(sizes, reverse=True) and all(s > 0 for s in sizes)
     assert all(1 <= len(i["names"]) <= 5 for i in images)
     client.delete_pod("img", grace=0)
+
+
+def test_a_node_joins_with_kubeadms_config_yaml(
+    cluster: Cluster, start_agent: Callable[..., Agent], tmp_path: Path, manifests: Path
+) -> None:
+    """kubeadm's file as kubeadm join writes it, its two paths moved under the test's directory
+    (this machine has no /etc/kubernetes): the node registers, runs the static pods of
+    staticPodPath, and the log says which fields were ignored and why."""
+    server, kubeconfig, client = cluster
+    kubeadm = Path(__file__).parent.parent / "data" / "kubeadm-1.32-kubelet-config.yaml"
+    # staticPodPath: the directory the test agent also gets as --pod-manifest-path.
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(server.kubelet_client_ca.read_bytes())
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        kubeadm.read_text()
+        .replace("/etc/kubernetes/manifests", str(manifests))
+        .replace("/etc/kubernetes/pki/ca.crt", str(ca))
+    )
+    (manifests / "static-web.yaml").write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: static-web}\nspec:\n  containers:\n"
+        "  - {name: web, image: busybox:test, command: [sleep, '600']}\n"
+    )
+    agent = start_agent(
+        "--config", str(config), "--kubeconfig", str(kubeconfig), "--node-name", "kubeadm"
+    )
+    node = registered(client, "kubeadm")
+    assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
+    wait_for(
+        "the static pod's mirror pod",
+        lambda: (p := client.pod("static-web-kubeadm")) and p["status"].get("phase") == "Running",
+        timeout=30,
+    )
+    log = agent.log()
+    assert "--config: rotateCertificates: ignored: client certificate rotation" in log
+    assert "--config: cgroupDriver: ignored: " in log
