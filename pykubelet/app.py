@@ -10,7 +10,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from pykubelet import __version__
 from pykubelet.client.kubeapi import ApiError
 from pykubelet.cluster.connection import ApiConnection
-from pykubelet.common import metrics
+from pykubelet.common import metrics, nodeip
 from pykubelet.common.allocatable import (
     ENFORCE_KUBE_RESERVED,
     ENFORCE_PODS,
@@ -56,19 +55,6 @@ log = logging.getLogger("pykubelet")
 # file API. fsync waits on the disk, not the CPU, so more threads than cores pay off when
 # hundreds of containers start or stop at once (measured: bench/profile.py).
 IO_THREADS = 32
-
-
-def detect_host_ip() -> str:
-    """The first non-loopback IPv4 address of the hostname, else 127.0.0.1."""
-    try:
-        infos = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
-    except OSError:
-        return "127.0.0.1"
-    for *_, sockaddr in infos:
-        ip = str(sockaddr[0])
-        if not ip.startswith("127."):
-            return ip
-    return "127.0.0.1"
 
 
 def make_runtime(opts: Options, host_ip: str, resources: NodeResources | None = None) -> Runtime:
@@ -219,7 +205,12 @@ async def run_agent(opts: Options) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-    host_ip = opts.node_ip if opts.node_ip else await asyncio.to_thread(detect_host_ip)
+    try:
+        node_ips = await asyncio.to_thread(nodeip.node_ips, opts.node_ip, opts.node_name)
+    except nodeip.NodeIPError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    host_ip = node_ips[0]
     try:
         opts.root_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -283,6 +274,8 @@ async def run_agent(opts: Options) -> int:
             statuses=statuses,
             push=pod_config.channel(API_SOURCE),
             services=services,
+            node_ips=node_ips,
+            node_runtime=runtime,
         )
         tasks.extend(cluster.tasks())
         log.info("joining the cluster of %s as node %s", opts.kubeconfig, opts.node_name)

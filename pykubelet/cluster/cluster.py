@@ -30,7 +30,7 @@ from pykubelet.cluster.connection import ApiConnection
 from pykubelet.cluster.event_sink import EventSink
 from pykubelet.cluster.finalizer import FinalDeletes, RuntimePods
 from pykubelet.cluster.mirror import MirrorPods
-from pykubelet.cluster.node import NodeAgent
+from pykubelet.cluster.node import NodeAgent, NodeRuntime, Registration
 from pykubelet.cluster.services import ServiceWatch
 from pykubelet.common.allocatable import NodeResources
 from pykubelet.common.events import EventRecorder
@@ -82,6 +82,8 @@ class Cluster:
         statuses: StatusManager,
         push: Callable[[PodUpdate], None],
         services: ServiceWatch | None = None,
+        node_ips: list[str] | None = None,
+        node_runtime: NodeRuntime | None = None,
     ) -> None:
         self.connection = connection
         self.services = services
@@ -96,6 +98,14 @@ class Cluster:
             facts=facts,
             health_problems=kubelet.health_problems,
             resources=kubelet.node_resources(),
+            node_ips=node_ips,
+            registration=Registration(
+                register_node=opts.register_node,
+                labels=dict(opts.node_labels),
+                taints=[t.as_api() for t in opts.register_with_taints],
+                provider_id=opts.provider_id,
+            ),
+            node_runtime=node_runtime,
         )
         self.mirrors = MirrorPods(kubelet.pods, self.source, self.node, opts.node_name)
         self.events = EventSink(opts.node_name)

@@ -1,8 +1,17 @@
 """The Node object of this agent: registration, the Lease heartbeat and the node status.
 
 As the kubelet:
-- registration creates the Node (`--node-name`) with its labels and status; if it exists
-  already (a restart), its status is patched instead. Retried until it works.
+- registration creates the Node (`--node-name`) with its labels (the kubelet's own, then
+  `--node-labels` over them), `--register-with-taints`, `--provider-id` and status; if it
+  exists already (a restart), only the kubelet's own labels are reconciled and the status
+  patched (the kubelet applies --node-labels and taints at creation only). With
+  `--register-node=false` the Node is never created: its status is patched once someone has
+  created it. Retried until it works.
+- addresses: an InternalIP per node IP (primary first), then the Hostname (the node name, as
+  the kubelet's --hostname-override); nodeInfo.containerRuntimeVersion is the runtime's own
+  (`containerd://1.6.20`, `docker://<version>`, `process://<pykubelet version>`), status.images
+  the images it holds, largest first, at most 50 with at most 5 names each (the kubelet's
+  nodeStatusMaxImages and MaxNamesPerImageInNodeStatus).
 - the heartbeat is the Lease `kube-node-lease/<node>` (coordination.k8s.io/v1), renewed every
   10 s with an optimistic update (a conflict re-reads it); the node controller marks the node
   NotReady when it is not renewed for its 40 s duration.
@@ -22,14 +31,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pykubelet import __version__
 from pykubelet.client.kubeapi import ApiError, KubeApi
 from pykubelet.client.throttle import Failures, Retry
 from pykubelet.common.allocatable import NodeResources, Reserved, node_resources
 from pykubelet.common.machine import MachineFacts
+from pykubelet.runtime.base import RuntimeImage, RuntimeVersion
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +52,41 @@ LEASE_PERIOD = 10.0  # the kubelet renews at a quarter of the duration
 STATUS_PERIOD = 10.0  # the kubelet's nodeStatusUpdateFrequency
 STATUS_REPORT_PERIOD = 60.0
 KUBELET_VERSION = f"v{__version__}-pykubelet"
+MAX_IMAGES = 50  # nodeStatusMaxImages
+MAX_NAMES_PER_IMAGE = 5  # MaxNamesPerImageInNodeStatus
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What the Node is created with besides its status (the registration flags)."""
+
+    register_node: bool = True
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[Obj] = field(default_factory=list)
+    provider_id: str = ""
+
+
+class NodeRuntime(Protocol):
+    """What the node status reports of the container runtime."""
+
+    async def version(self) -> RuntimeVersion: ...
+
+    async def images(self) -> list[RuntimeImage]: ...
+
+
+def node_images(images: list[RuntimeImage]) -> list[Obj]:
+    """status.images as the kubelet reports them."""
+    named = sorted((i for i in images if i.names), key=lambda i: i.size_bytes, reverse=True)
+    return [
+        {"names": list(i.names[:MAX_NAMES_PER_IMAGE]), "sizeBytes": i.size_bytes}
+        for i in named[:MAX_IMAGES]
+    ]
+
+
+def node_addresses(node_ips: list[str], hostname: str) -> list[Obj]:
+    return [{"type": "InternalIP", "address": ip} for ip in node_ips] + [
+        {"type": "Hostname", "address": hostname}
+    ]
 
 
 def _rfc3339(when: datetime) -> str:
@@ -79,6 +125,10 @@ def node_status(
     problems: list[str],
     kubelet_port: int = 0,
     resources: NodeResources | None = None,
+    *,
+    addresses: list[Obj] | None = None,
+    runtime_version: str | None = None,
+    images: list[Obj] | None = None,
 ) -> Obj:
     """The status without its times (those are added when it is reported)."""
     if resources is None:  # nothing reserved
@@ -95,20 +145,17 @@ def node_status(
         _condition("Ready", ready, "KubeletReady" if ready else "KubeletNotReady",
                    "kubelet is posting ready status" if ready else "; ".join(problems)),
     ]  # fmt: skip
-    return {
+    status: Obj = {
         "capacity": capacity,
         "allocatable": resources.node_quantities("allocatable"),
-        "addresses": [
-            {"type": "InternalIP", "address": host_ip},
-            {"type": "Hostname", "address": facts.hostname},
-        ],
+        "addresses": addresses or node_addresses([host_ip], facts.hostname),
         "nodeInfo": {
             "machineID": facts.machine_id,
             "systemUUID": facts.system_uuid,
             "bootID": facts.boot_id,
             "kernelVersion": facts.kernel,
             "osImage": facts.os_image,
-            "containerRuntimeVersion": f"{runtime}://{__version__}",
+            "containerRuntimeVersion": runtime_version or f"{runtime}://{__version__}",
             "kubeletVersion": KUBELET_VERSION,
             "operatingSystem": "linux",
             "architecture": facts.arch,
@@ -116,6 +163,9 @@ def node_status(
         "conditions": conditions,
         "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
     }
+    if images:
+        status["images"] = images
+    return status
 
 
 def with_times(status: Obj, previous: Obj | None, now: datetime) -> Obj:
@@ -153,9 +203,17 @@ class NodeAgent:
         lease_period: float = LEASE_PERIOD,
         status_period: float = STATUS_PERIOD,
         report_period: float = STATUS_REPORT_PERIOD,
+        node_ips: list[str] | None = None,
+        registration: Registration | None = None,
+        node_runtime: NodeRuntime | None = None,
     ) -> None:
         self.node_name = node_name
         self._host_ip = host_ip
+        self._addresses = node_addresses(node_ips or [host_ip], node_name)
+        self._registration = registration or Registration()
+        self._node_runtime = node_runtime
+        self._runtime_version: str | None = None
+        self._images: list[Obj] = []
         self._max_pods = max_pods
         self._runtime_name = runtime_name
         self._facts = facts
@@ -191,18 +249,39 @@ class NodeAgent:
             self._health_problems(),
             self._kubelet_port,
             self._resources,
+            addresses=self._addresses,
+            runtime_version=self._runtime_version,
+            images=self._images,
         )
 
+    async def _read_runtime(self) -> None:
+        """The runtime's version (once) and images (each time); kept as they were on failure."""
+        if self._node_runtime is None:
+            return
+        try:
+            if self._runtime_version is None:
+                self._runtime_version = str(await self._node_runtime.version())
+            self._images = node_images(await self._node_runtime.images())
+        except Exception as exc:  # the runtime's trouble is reported by the PLEG, not here
+            log.debug("reading the runtime's version and images for the node status: %s", exc)
+
     def _node(self, status: Obj) -> Obj:
+        reg = self._registration
+        spec: Obj = {}
+        if reg.taints:
+            spec["taints"] = [dict(t) for t in reg.taints]
+        if reg.provider_id:
+            spec["providerID"] = reg.provider_id
         return {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
                 "name": self.node_name,
-                "labels": node_labels(self.node_name, self._facts.arch),
+                # --node-labels over the kubelet's own, as its initialNode.
+                "labels": {**node_labels(self.node_name, self._facts.arch), **reg.labels},
                 "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
             },
-            "spec": {},
+            "spec": spec,
             "status": status,
         }
 
@@ -228,6 +307,10 @@ class NodeAgent:
                 await asyncio.sleep(retry.delay())
 
     async def _register_once(self, api: KubeApi) -> None:
+        await self._read_runtime()
+        if not self._registration.register_node:
+            await self._adopt_unregistered(api)
+            return
         status = with_times(self._status(), None, datetime.now(UTC))
         try:
             created = await api.create("/api/v1/nodes", self._node(status))
@@ -248,6 +331,27 @@ class NodeAgent:
             self._reported = created.get("status", status)
             log.info("registered node %s with the API server at %s", self.node_name, api.host)
         self._reported_at = asyncio.get_running_loop().time()
+        self.registered.set()
+
+    async def _adopt_unregistered(self, api: KubeApi) -> None:
+        """--register-node=false: the Node is someone else's to create; report its status."""
+        try:
+            existing = await api.get(self.path)
+        except ApiError as exc:
+            if exc.status == 404:
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'error getting node "{self.node_name}": nodes "{self.node_name}" not '
+                    "found (--register-node=false: the node is not created by this agent)",
+                ) from None
+            raise
+        self.node_uid = str(existing.get("metadata", {}).get("uid", ""))
+        status = with_times(self._status(), existing.get("status"), datetime.now(UTC))
+        updated = await api.patch(f"{self.path}/status", {"status": status})
+        self._reported = updated.get("status", status)
+        self._reported_at = asyncio.get_running_loop().time()
+        log.info("node %s exists: reporting its status (--register-node=false)", self.node_name)
         self.registered.set()
 
     # --- the Lease ---
@@ -325,7 +429,7 @@ class NodeAgent:
                 {k: v for k, v in c.items() if k not in ("lastHeartbeatTime", "lastTransitionTime")}
                 for c in s.get("conditions", [])
             ]
-            keys = ("capacity", "allocatable", "addresses", "nodeInfo")
+            keys = ("capacity", "allocatable", "addresses", "nodeInfo", "images")
             return {**{k: s.get(k) for k in keys}, "conditions": conditions}
 
         return strip(status) == strip(self._reported)
@@ -333,6 +437,7 @@ class NodeAgent:
     async def update_status(self, api: KubeApi, force: bool = False) -> bool:
         """Patch the status if it changed or is due; True if it was sent."""
         loop = asyncio.get_running_loop()
+        await self._read_runtime()
         status = self._status()
         due = loop.time() - self._reported_at >= self.report_period
         if not force and not due and self._unchanged(status):

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from pykubelet import __version__
 from pykubelet.cmd import config_file, ctl, logs, node_resources
+from pykubelet.common.node_registration import Taint, parse_label_pairs, parse_taints
 from pykubelet.common.options import (
     AUTHORIZATION_MODES,
     RUNTIMES,
@@ -160,6 +161,58 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
         metavar="KEY[,KEY...]",
         help="pods (default: the pods' kubepods cgroup sized to allocatable, process runtime "
         "as root), system-reserved, kube-reserved (their cgroups limited), or none",
+    )
+
+
+def _labels(text: str) -> dict[str, str]:
+    try:
+        return parse_label_pairs(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _taints(text: str) -> list[Taint]:
+    try:
+        return parse_taints(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_registration_flags(p: argparse.ArgumentParser) -> None:
+    reg = p.add_argument_group("registration (cluster mode)")
+    reg.add_argument(
+        "--register-node",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="BOOL",
+        help="create the Node if it does not exist (default true); false: only update the "
+        "status of a Node someone else created",
+    )
+    reg.add_argument(
+        "--node-labels",
+        type=_labels,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,...]",
+        help="labels the Node is registered with (repeatable); in the kubernetes.io and "
+        "k8s.io namespaces only kubelet.kubernetes.io/*, node.kubernetes.io/* and the "
+        "kubelet's well-known labels",
+    )
+    reg.add_argument(
+        "--register-with-taints",
+        type=_taints,
+        default=[],
+        metavar="KEY=VALUE:EFFECT[,...]",
+        help="taints the Node is registered with (effect NoSchedule, PreferNoSchedule or "
+        "NoExecute)",
+    )
+    reg.add_argument(
+        "--provider-id",
+        default="",
+        metavar="ID",
+        help="the Node's spec.providerID: the machine's ID in its cloud provider's database",
     )
 
 
@@ -358,7 +411,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long an exec, attach or port-forward session may pass without a frame either "
         "way before the node closes it; 0: never (default 4h)",
     )
-    p.add_argument("--node-ip", default=None, help="the IP reported as hostIP (default: detected)")
+    p.add_argument(
+        "--node-ip",
+        default=None,
+        metavar="IP[,IP]",
+        help="the node's IP (the pods' hostIP), or a dual-stack pair of an IPv4 and an IPv6 one; "
+        "default: what the node name resolves to, else the address of the default route's "
+        "interface",
+    )
+    _add_registration_flags(p)
     p.add_argument(
         "--keep-pods-on-exit",
         type=_bool,
@@ -442,12 +503,15 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_options(argv: Sequence[str]) -> Options:
     parser = build_parser()
     first, _ = parser.parse_known_args(argv)
+    ignored: list[str] = []
     if first.config is not None:
         # The file's values become the defaults, so a flag given explicitly still wins.
         try:
-            parser.set_defaults(**config_file.as_flag_defaults(config_file.load(first.config)))
+            config = config_file.load(first.config)
+            parser.set_defaults(**config_file.as_flag_defaults(config))
         except config_file.ConfigFileError as exc:
             parser.error(f"--config {exc}")
+        ignored = config_file.ignored_fields(config)
     ns = parser.parse_args(argv)
     opts = Options(
         node_name=ns.node_name or default_node_name(),
@@ -482,6 +546,11 @@ def parse_options(argv: Sequence[str]) -> Options:
         container_runtime_endpoint=ns.container_runtime_endpoint,
         pod_infra_container_image=ns.pod_infra_container_image,
         node_ip=ns.node_ip,
+        register_node=ns.register_node,
+        node_labels={k: v for labels in ns.node_labels for k, v in labels.items()},
+        register_with_taints=ns.register_with_taints,
+        provider_id=ns.provider_id,
+        ignored_config_fields=ignored,
         keep_pods_on_exit=ns.keep_pods_on_exit,
         max_pods=ns.max_pods,
         allowed_host_paths=ns.allowed_host_paths,
@@ -543,6 +612,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ctl.main(args)
     opts = parse_options(args)
     logs.setup(opts.log_format, opts.verbosity)
+    for note in opts.ignored_config_fields:
+        log.info("--config: %s", note)
     raise_open_file_limit()
     # Imported here: the agent's modules take a second or two to load, which the client verbs
     # above (pykubelet exec, get, ...) do not need.

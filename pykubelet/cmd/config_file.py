@@ -3,20 +3,30 @@
 Fields map onto the same options as the flags; a flag given on the command line wins over the file,
 as with the kubelet. Unknown fields, and kubelet fields pykubelet does not implement, are errors
 with their path, so a typo is never silently ignored.
+
+The file `kubeadm join` writes is accepted as a whole (tests/data/kubeadm-1.32-config.yaml):
+- a zero duration means the kubelet's default, as its v1beta1 defaulting does (kubeadm writes
+  `syncFrequency: 0s` and the like);
+- fields that mean something only to the kubelet's Go internals (IGNORED) are accepted and
+  reported as ignored, with why; where a value other than the default would change what the
+  user gets (a shutdown grace period, swap), only the default is accepted and another value is
+  refused naming the field.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from pykubelet.api.decode import format_path
 from pykubelet.cmd import node_resources
+from pykubelet.common.node_registration import Taint, check_duplicate_taints, make_taint
 from pykubelet.common.options import parse_duration
 
 KIND = "KubeletConfiguration"
@@ -25,12 +35,124 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 # KubeletConfiguration fields we know and do not implement: named so, not "unknown".
 NOT_SUPPORTED = frozenset(
     {
-        "cgroupDriver", "cgroupRoot",
-        "healthzPort", "healthzBindAddress", "evictionSoft", "featureGates",
-        "imageGCHighThresholdPercent", "imageGCLowThresholdPercent", "serializeImagePulls",
-        "registerNode",
-        "nodeStatusUpdateFrequency", "nodeLeaseDurationSeconds", "shutdownGracePeriod",
-        "memorySwap", "cpuManagerPolicy",
+        "cgroupRoot", "evictionSoft", "featureGates", "imageGCHighThresholdPercent",
+        "imageGCLowThresholdPercent", "serializeImagePulls", "nodeLeaseDurationSeconds",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A field accepted and not acted on: why, and which values may be (others are refused)."""
+
+    reason: str
+    accepts: Callable[[Any], bool] = lambda value: True
+    refusal: str = ""
+
+    def check(self, value: Any) -> str | None:
+        return None if self.accepts(value) else self.refusal
+
+
+def _duration_is(*defaults: float) -> Callable[[Any], bool]:
+    def accepts(value: Any) -> bool:
+        try:
+            return parse_duration(str(value)) in (0.0, *defaults)
+        except ValueError:
+            return False
+
+    return accepts
+
+
+def _one_of(*allowed: Any) -> Callable[[Any], bool]:
+    return lambda value: value in allowed
+
+
+def _empty_or(key: str, *allowed: Any) -> Callable[[Any], bool]:
+    return lambda value: isinstance(value, dict) and value.get(key, allowed[0]) in allowed
+
+
+_GO_ONLY = "it tunes the kubelet's Go internals, which pykubelet does not have"
+# Fields kubeadm (and others) write that pykubelet accepts without acting on them; the README's
+# table lists them.
+IGNORED: dict[str, Ignored] = {
+    "cgroupDriver": Ignored(
+        "pykubelet asks the container runtime for no cgroup parent (the runtime places containers "
+        "under its own, in its own driver's format) and the process runtime writes cgroupfs "
+        "directly, so there is no driver to match",
+        _one_of("systemd", "cgroupfs"),
+        "must be systemd or cgroupfs",
+    ),
+    "cpuManagerPolicy": Ignored(
+        "the CPU manager is not implemented: policy none (the default) pins nothing",
+        _one_of("none", ""),
+        "only none is supported (the static CPU manager is not implemented)",
+    ),
+    "cpuManagerReconcilePeriod": Ignored(
+        "the CPU manager is not implemented (policy none has nothing to reconcile)"
+    ),
+    "crashLoopBackOff": Ignored(
+        "the back-off of restarted containers is the kubelet's default (10s doubling to 5m)",
+        _empty_or("maxContainerRestartPeriod", "0s", "5m", "5m0s", "300s"),
+        "maxContainerRestartPeriod: only the default 5m is supported",
+    ),
+    "evictionPressureTransitionPeriod": Ignored(
+        "pykubelet reports no eviction pressure conditions to hold",
+        _duration_is(300.0),
+        "only the default 5m is supported (node-pressure eviction is not implemented)",
+    ),
+    "healthzBindAddress": Ignored(
+        "pykubelet serves /healthz on the read-only port (--read-only-port) and the kubelet API "
+        "(--port), not on a separate healthz server"
+    ),
+    "healthzPort": Ignored(
+        "pykubelet serves /healthz on the read-only port (--read-only-port) and the kubelet API "
+        "(--port), not on a separate healthz server"
+    ),
+    "imageMaximumGCAge": Ignored("pykubelet does not garbage-collect images"),
+    "imageMinimumGCAge": Ignored("pykubelet does not garbage-collect images"),
+    "memorySwap": Ignored(
+        "containers get no swap, as with the kubelet's default NoSwap",
+        _empty_or("swapBehavior", "", "NoSwap"),
+        "swapBehavior: only NoSwap (the default) is supported",
+    ),
+    "nodeStatusReportFrequency": Ignored(
+        "pykubelet reports the node status when it changes and at least every minute"
+    ),
+    "nodeStatusUpdateFrequency": Ignored(
+        "pykubelet computes the node status every 10s, the kubelet's default",
+        _duration_is(10.0),
+        "only the default 10s is supported",
+    ),
+    "rotateCertificates": Ignored(
+        "client certificate rotation is not implemented: the certificate of --kubeconfig is "
+        "used until it expires"
+    ),
+    "serverTLSBootstrap": Ignored(
+        "the serving certificate is --tls-cert-file or a self-signed one",
+        _one_of(False),
+        "a serving certificate through a CertificateSigningRequest is not implemented",
+    ),
+    "runtimeRequestTimeout": Ignored("pykubelet's runtime calls carry their own timeouts"),
+    "shutdownGracePeriod": Ignored(
+        "graceful node shutdown is off, as with the kubelet's default 0s",
+        _duration_is(),
+        "graceful node shutdown is not implemented: only 0s (off, the default) is supported",
+    ),
+    "shutdownGracePeriodCriticalPods": Ignored(
+        "graceful node shutdown is off, as with the kubelet's default 0s",
+        _duration_is(),
+        "graceful node shutdown is not implemented: only 0s (off, the default) is supported",
+    ),
+    "volumeStatsAggPeriod": Ignored(
+        "volume usage is measured when the stats are asked for, not on a period"
+    ),
+}
+LOGGING_IGNORED = "klog's buffering and flushing, which pykubelet's logging does not have"
+# Durations the kubelet's defaulting replaces when zero (SetDefaults_KubeletConfiguration).
+ZERO_IS_DEFAULT = frozenset(
+    {
+        "sync_frequency", "file_check_frequency", "http_check_frequency",
+        "streaming_connection_idle_timeout",
     }
 )  # fmt: skip
 
@@ -42,6 +164,8 @@ class _Model(BaseModel):
 class LoggingConfiguration(_Model):
     format: Literal["text", "json", "logfmt"] = "text"
     verbosity: int = 0
+    flush_frequency: int | str | None = None  # ignored: LOGGING_IGNORED
+    options: dict[str, Any] | None = None  # ignored: LOGGING_IGNORED
 
 
 class X509Authentication(_Model):
@@ -89,7 +213,21 @@ class Authorization(_Model):
     webhook: WebhookAuthorization | None = None
 
 
+class TaintConfig(_Model):
+    key: str
+    value: str = ""
+    effect: str
+    time_added: str | None = None
+
+    def taint(self) -> Taint:
+        spec = (
+            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        )
+        return make_taint(self.key, self.value, self.effect, spec)
+
+
 class KubeletConfiguration(_Model):
+    _ignored: list[str] = PrivateAttr(default_factory=list)
     kind: Literal["KubeletConfiguration"]
     api_version: Literal["kubelet.config.k8s.io/v1beta1"]
     static_pod_path: str | None = None
@@ -139,6 +277,17 @@ class KubeletConfiguration(_Model):
             node_resources.parse_thresholds(value)
         return value
 
+    register_node: bool | None = None
+    register_with_taints: list[TaintConfig] | None = None
+    provider_id: str | None = Field(default=None, alias="providerID")
+
+    @field_validator("register_with_taints")
+    @classmethod
+    def _taints(cls, value: list[TaintConfig] | None) -> list[TaintConfig] | None:
+        taints = [t.taint() for t in value or []]  # raises ValueError with the kubelet's reason
+        check_duplicate_taints(taints)
+        return value
+
     @field_validator(
         "file_check_frequency",
         "http_check_frequency",
@@ -154,6 +303,19 @@ class ConfigFileError(Exception):
     pass
 
 
+def _drop_ignored(data: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Take the IGNORED fields out of `data` (those the model does not know): their names, and
+    the refusals of values that would change what the user gets."""
+    known = {f.alias or name for name, f in KubeletConfiguration.model_fields.items()}
+    names, problems = [], []
+    for name in [k for k in data if k in IGNORED and k not in known]:
+        problem = IGNORED[name].check(data.pop(name))
+        if problem is not None:
+            problems.append(f"{name}: {problem}")
+        names.append(name)
+    return sorted(names), problems
+
+
 def load(path: Path) -> KubeletConfiguration:
     try:
         data = yaml.safe_load(path.read_text())
@@ -163,8 +325,11 @@ def load(path: Path) -> KubeletConfiguration:
         raise ConfigFileError(f"{path}: invalid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigFileError(f"{path}: expected a KubeletConfiguration object")
+    ignored, refused = _drop_ignored(data)
+    if refused:
+        raise ConfigFileError("; ".join(f"{path}: {p}" for p in refused))
     try:
-        return KubeletConfiguration.model_validate(data)
+        config = KubeletConfiguration.model_validate(data)
     except ValidationError as exc:
         problems = []
         for err in exc.errors(include_url=False):
@@ -180,6 +345,21 @@ def load(path: Path) -> KubeletConfiguration:
                 reason = err["msg"].removeprefix("Value error, ")
             problems.append(f"{path}: {where}: {reason}")
         raise ConfigFileError("; ".join(problems)) from None
+    config._ignored = ignored
+    return config
+
+
+def ignored_fields(config: KubeletConfiguration) -> list[str]:
+    """The fields of the file accepted and not acted on, each with why (logged at start)."""
+    notes = [f"{name}: ignored: {IGNORED[name].reason}" for name in config._ignored]
+    if config.logging is not None:
+        for name, value in (
+            ("flushFrequency", config.logging.flush_frequency),
+            ("options", config.logging.options),
+        ):
+            if value is not None:
+                notes.append(f"logging.{name}: ignored: {LOGGING_IGNORED}")
+    return notes
 
 
 def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
@@ -210,11 +390,21 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "enforce_node_allocatable": ("enforce_node_allocatable", list),
         "system_reserved_cgroup": ("system_reserved_cgroup", str),
         "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
+        "register_node": ("register_node", bool),
+        "provider_id": ("provider_id", str),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)
-        if value is not None:
-            out[dest] = convert(value)
+        if value is None or (value == "" and field != "resolv_conf"):
+            # An empty string is the default, as with the kubelet; but resolvConf is a pointer
+            # there, and "" is its own value: no resolver file to start pods' DNS from.
+            continue
+        converted = convert(value)
+        if field in ZERO_IS_DEFAULT and converted == 0:
+            continue
+        out[dest] = converted
+    if config.register_with_taints is not None:
+        out["register_with_taints"] = [t.taint() for t in config.register_with_taints]
     if config.static_pod_url_header:
         out["manifest_url_header"] = [
             (key, value) for key, values in config.static_pod_url_header.items() for value in values
@@ -226,7 +416,7 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         if authn.webhook is not None:
             if authn.webhook.enabled is not None:
                 out["authentication_token_webhook"] = authn.webhook.enabled
-            if authn.webhook.cache_ttl is not None:
+            if authn.webhook.cache_ttl is not None and parse_duration(authn.webhook.cache_ttl):
                 out["authentication_token_webhook_cache_ttl"] = parse_duration(
                     authn.webhook.cache_ttl
                 )
@@ -242,7 +432,7 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
                 ("cache_unauthorized_ttl", "authorization_webhook_cache_unauthorized_ttl"),
             ):
                 value = getattr(authz.webhook, field)
-                if value is not None:
+                if value is not None and parse_duration(value):  # 0s: the default
                     out[dest] = parse_duration(value)
     if config.logging is not None:
         out["log_format"] = config.logging.format

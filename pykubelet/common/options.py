@@ -19,6 +19,8 @@ from pykubelet.common.allocatable import (
     Reserved,
     Threshold,
 )
+from pykubelet.common.node_registration import Taint, check_duplicate_taints, validate_node_labels
+from pykubelet.common.nodeip import parse_node_ip
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -99,6 +101,13 @@ class Options:
     container_runtime_endpoint: str | None = None
     pod_infra_container_image: str = "registry.k8s.io/pause:3.10"
     node_ip: str | None = None
+    # Registration (cluster mode): what the Node is created with.
+    register_node: bool = True
+    node_labels: dict[str, str] = field(default_factory=dict)
+    register_with_taints: list[Taint] = field(default_factory=list)
+    provider_id: str = ""
+    # KubeletConfiguration fields of --config accepted and not acted on, with why (logged).
+    ignored_config_fields: list[str] = field(default_factory=list)
     keep_pods_on_exit: bool = False
     max_pods: int = 110
     # hostPath volumes are refused unless below one of these; privileged containers unless set.
@@ -162,6 +171,9 @@ class Options:
                 },
             },
             "maxPods": self.max_pods,
+            "registerNode": self.register_node,
+            "registerWithTaints": [t.as_api() for t in self.register_with_taints],
+            "providerID": self.provider_id,
             "podPidsLimit": self.pod_max_pids,
             "containerRuntimeEndpoint": self.container_runtime_endpoint or "",
             "clusterDNS": list(self.cluster_dns),
@@ -244,6 +256,7 @@ class Options:
                     f"CA bundle ({exc})"
                 )
         problems.extend(_dns_problems(self.cluster_dns, self.cluster_domain))
+        problems.extend(self._registration_problems())
         if self.container_runtime not in RUNTIMES:
             problems.append(
                 f"--container-runtime: unsupported value {self.container_runtime!r}: "
@@ -287,6 +300,23 @@ class Options:
                     f'(--enforce-node-allocatable). Valid options are {valid}, or "{ENFORCE_NONE}"'
                 )
         return out
+
+    def _registration_problems(self) -> list[str]:
+        problems = []
+        try:
+            validate_node_labels(self.node_labels)
+        except ValueError as exc:
+            problems.append(f"--node-labels: {exc}")
+        try:
+            check_duplicate_taints(self.register_with_taints)
+        except ValueError as exc:
+            problems.append(f"--register-with-taints: {exc}")
+        if self.node_ip:
+            try:
+                parse_node_ip(self.node_ip)
+            except ValueError as exc:
+                problems.append(str(exc))
+        return problems
 
 
 def _dns_problems(cluster_dns: list[str], cluster_domain: str) -> list[str]:

@@ -55,10 +55,30 @@ class RuntimeContainer:
     reason: str | None = None  # Completed, Error, OOMKilled, ContainerStatusUnknown, ...
     message: str | None = None
     pid: int | None = None
+    image_id: str = ""  # status.imageID, the image's digest reference ("": `image`)
 
     @property
     def container_id(self) -> str:
         return f"{self.runtime}://{self.id}"
+
+
+@dataclass(frozen=True)
+class RuntimeVersion:
+    """The runtime's own name and version, as the Node's nodeInfo.containerRuntimeVersion."""
+
+    name: str  # containerd, docker, process
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}://{self.version}"
+
+
+@dataclass(frozen=True)
+class RuntimeImage:
+    """An image the runtime holds: its digests and tags, its size (the Node's status.images)."""
+
+    names: tuple[str, ...]
+    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -399,6 +419,14 @@ class Runtime(Protocol):
 
     def add_listener(self, listener: ChangeListener) -> None:
         """Call `listener(pod_uid)` as soon as a container of that pod starts or exits."""
+
+    async def version(self) -> RuntimeVersion:
+        """The runtime's name and version (asked of the engine once connected)."""
+        ...
+
+    async def images(self) -> list[RuntimeImage]:
+        """The images the runtime holds (none for the process runtime)."""
+        ...
 
     async def list_pods(self) -> list[RuntimePod]:
         """Every pod this agent created that the runtime still has, running or not."""

@@ -17,8 +17,10 @@ from pykubelet.runtime.base import (
     LogTimes,
     Runtime,
     RuntimeContainer,
+    RuntimeImage,
     RuntimePod,
     RuntimeSandbox,
+    RuntimeVersion,
     SandboxConfig,
     StartError,
 )
@@ -49,6 +51,12 @@ class InstrumentedRuntime:
 
     def add_listener(self, listener: ChangeListener) -> None:
         self.inner.add_listener(listener)
+
+    async def version(self) -> RuntimeVersion:
+        return await self._count("version", self.inner.version)
+
+    async def images(self) -> list[RuntimeImage]:
+        return await self._count("list_images", self.inner.images)
 
     async def list_pods(self) -> list[RuntimePod]:
         return await self._count("list_pods", self.inner.list_pods)

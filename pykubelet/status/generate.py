@@ -83,7 +83,7 @@ def container_status(
         return status
     status.restart_count = latest.attempt
     status.container_id = latest.container_id
-    status.image_id = latest.image
+    status.image_id = latest.image_id or latest.image
     if waiting is not None and latest.state is not ContainerRunState.RUNNING:
         # Exited and not restarted yet (back-off, a failing start): waiting, with the last run.
         status.state = ContainerState(

@@ -70,8 +70,10 @@ from pykubelet.runtime.base import (
     Runtime,
     RuntimeContainer,
     RuntimeFailure,
+    RuntimeImage,
     RuntimePod,
     RuntimeSandbox,
+    RuntimeVersion,
     SandboxConfig,
     StartError,
     ensure_image,
@@ -546,6 +548,12 @@ class FakeRuntime:
     async def close(self) -> None:
         await self._enter("close")
         self.started = False  # what runs keeps running, as with the real backends
+
+    async def version(self) -> RuntimeVersion:
+        return RuntimeVersion("fake", "0")
+
+    async def images(self) -> list[RuntimeImage]:
+        return []
 
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)

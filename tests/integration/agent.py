@@ -416,7 +416,8 @@ class Backend:
 
     @property
     def scheme(self) -> str:
-        return f"{self.name}://"
+        # containerID's scheme is the runtime's own name: containerd's through the CRI.
+        return "containerd://" if self.name == "remote" else f"{self.name}://"
 
     def forever(self, exec_: bool = True) -> str:
         """A shell command that runs until it is stopped. In a container the shell is PID 1,

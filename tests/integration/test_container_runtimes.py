@@ -117,7 +117,7 @@ class CriChecks:
         [sandbox] = self.engine.sandboxes(**{LABEL_POD_UID: pod["metadata"]["uid"]})
         assert self.engine.sandbox_status(sandbox.id).status.network.ip == pod["status"]["podIP"]
         for status in pod["status"]["containerStatuses"]:
-            assert status["containerID"].startswith("remote://")
+            assert status["containerID"].startswith("containerd://")
             assert status["image"] == "busybox:test"
             assert status["imageID"].startswith("sha256:"), status
             assert self._info(status["containerID"])["sandboxID"] == sandbox.id

@@ -128,7 +128,7 @@ async def test_lifecycle_logs_and_exit_code(runtime: CriRuntime) -> None:
     # stdout and stderr are two pipes: only writes apart in time have an order.
     script = "echo one; printf 'two '; sleep 0.2; echo part; sleep 0.2; echo err >&2; exit 3"
     c = await runtime.start_container(pod, sandbox, config(script))
-    assert c.container_id.startswith("remote://")
+    assert c.container_id.startswith("containerd://")
     done = await exited(runtime, c)
     assert (done.exit_code, done.reason) == (3, "Error")
     assert done.started_at is not None and done.finished_at is not None

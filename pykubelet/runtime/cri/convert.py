@@ -277,6 +277,7 @@ def container_entry(id: str, reply: Any) -> ContainerEntry | None:
         spec_hash=labels.get(LABEL_SPEC_HASH, ""),
         # The digest reference, what the kubelet reports as imageID.
         image=st.image_ref or st.image.image,
+        image_id=st.image_ref,
         state=state,
         created_at=_time(st.created_at) or _now(),
         started_at=_time(st.started_at),

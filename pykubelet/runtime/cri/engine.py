@@ -43,6 +43,8 @@ from pykubelet.runtime.base import (
     LogTimes,
     RegistryAuth,
     RuntimeFailure,
+    RuntimeImage,
+    RuntimeVersion,
     SandboxConfig,
     StartError,
 )
@@ -112,6 +114,7 @@ class CriEngine:
         # (the runtime takes the container's HOSTNAME from them); unknown after a restart.
         self._sandbox_configs: dict[str, SandboxConfig] = {}
         self._memory_capacity = 0  # bytes, for the OOM score of burstable containers
+        self._version: RuntimeVersion | None = None  # the runtime's, once connected
 
     # --- connection -----------------------------------------------------------------------------
 
@@ -134,6 +137,7 @@ class CriEngine:
             version = await self._call(
                 "Version", api.VersionRequest(version="v1"), api.VersionResponse
             )
+            self._version = RuntimeVersion(version.runtime_name, version.runtime_version)
             log.info(
                 "container runtime at %s: %s %s (CRI %s)",
                 self._endpoint,
@@ -402,7 +406,28 @@ class CriEngine:
         except TimeoutError as e:
             raise RuntimeFailure(f"cannot remove container {id[:12]}: {e}") from e
 
+    def id_scheme(self) -> str:
+        # The kubelet's containerID is <runtime name>://<id>: containerd://, cri-o://.
+        return self._version.name if self._version is not None else NAME
+
+    async def version(self) -> RuntimeVersion:
+        if self._version is None:
+            raise RuntimeFailure(f"the container runtime at {self._endpoint} is not connected")
+        return self._version
+
     # --- images ---------------------------------------------------------------------------------
+
+    async def images(self) -> list[RuntimeImage]:
+        try:
+            reply = await self._call(
+                "ListImages",
+                api.ListImagesRequest(),
+                api.ListImagesResponse,
+                service="ImageService",
+            )
+        except (CriError, TimeoutError) as e:
+            raise RuntimeFailure(f"cannot list the images of {self._endpoint}: {e}") from e
+        return [RuntimeImage((*i.repo_digests, *i.repo_tags), int(i.size)) for i in reply.images]
 
     async def image_present(self, image: str) -> bool:
         try:

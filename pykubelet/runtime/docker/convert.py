@@ -367,7 +367,18 @@ def parse_inspect(info: dict[str, Any], node_ip: str) -> SandboxEntry | Containe
         if state is ContainerRunState.RUNNING and isinstance(pid, int) and pid > 0
         else None,
         tty=bool(config.get("Tty")),
+        image_id=docker_image_id(str(info.get("Image") or "")),
     )
+
+
+def docker_image_id(image: str, repo_digest: str | None = None) -> str:
+    """status.imageID as the kubelet reports it for Docker (dockershim, cri-dockerd): the
+    repository digest if the image has one, else the image's ID."""
+    if repo_digest:
+        return f"docker-pullable://{repo_digest}"
+    if not image:
+        return ""
+    return f"docker://{image if image.startswith('sha256:') else 'sha256:' + image}"
 
 
 def memory_limit(info: dict[str, Any]) -> int:

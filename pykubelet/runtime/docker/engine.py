@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -48,6 +49,8 @@ from pykubelet.runtime.base import (
     LogTimes,
     RegistryAuth,
     RuntimeFailure,
+    RuntimeImage,
+    RuntimeVersion,
     SandboxConfig,
     StartError,
 )
@@ -58,6 +61,7 @@ from pykubelet.runtime.docker.convert import (
     LogDemuxer,
     container_body,
     container_name,
+    docker_image_id,
     event_kind,
     listing_rows,
     memory_limit,
@@ -251,6 +255,7 @@ class DockerEngine:
         self._watchers: dict[str, OomWatcher] = {}
         self._watching: set[str] = set()  # a watcher is being set up or was tried
         self._oom_seen: set[str] = set()
+        self._repo_digests: dict[str, str | None] = {}  # by image ID
 
     # --- connection -----------------------------------------------------------------------------
 
@@ -264,6 +269,32 @@ class DockerEngine:
             headers.get("Server") or ("Podman" if self._podman else "Docker"),
             headers.get("Api-Version", "1.41"),
         )
+
+    def id_scheme(self) -> str:
+        return NAME  # Podman's Docker API too: its containers are docker://<id>, as with dockershim
+
+    async def version(self) -> RuntimeVersion:
+        """docker://<Version of /version> (Podman: its Docker-compatible version)."""
+        try:
+            info = await self._client.json("GET", "version")
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot ask {self._endpoint} for its version: {e}") from e
+        return RuntimeVersion(NAME, str(info.get("Version") or "unknown"))
+
+    async def images(self) -> list[RuntimeImage]:
+        try:
+            listing = await self._client.json("GET", "images/json")
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot list the images of {self._endpoint}: {e}") from e
+        out = []
+        for image in listing or []:
+            names = [
+                n
+                for n in [*(image.get("RepoDigests") or []), *(image.get("RepoTags") or [])]
+                if n and not n.startswith("<none>")
+            ]
+            out.append(RuntimeImage(tuple(names), int(image.get("Size") or 0)))
+        return out
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -310,7 +341,25 @@ class DockerEngine:
         entry = parse_inspect(info, self._node_ip)
         if isinstance(entry, ContainerEntry):
             self._track_oom(entry, memory_limit(info))
+            digest = await self._repo_digest(str(info.get("Image") or ""))
+            if digest:
+                entry = dataclasses.replace(
+                    entry, image_id=docker_image_id(str(info.get("Image")), digest)
+                )
         return entry
+
+    async def _repo_digest(self, image_id: str) -> str | None:
+        """The image's first repository digest, asked once per image."""
+        if not image_id:
+            return None
+        if image_id not in self._repo_digests:
+            try:
+                image = await self._client.json("GET", f"images/{image_id}/json")
+            except EngineError:
+                return None  # gone, or not answering: the ID will do
+            digests = (image or {}).get("RepoDigests") or []
+            self._repo_digests[image_id] = str(digests[0]) if digests else None
+        return self._repo_digests[image_id]
 
     def forget(self, id: str) -> None:
         watcher = self._watchers.pop(id, None)

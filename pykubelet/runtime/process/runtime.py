@@ -38,6 +38,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pykubelet import __version__
 from pykubelet.api.model import Pod
 from pykubelet.api.qos import qos_class
 from pykubelet.runtime import logfiles
@@ -50,8 +51,10 @@ from pykubelet.runtime.base import (
     LogTimes,
     RuntimeContainer,
     RuntimeFailure,
+    RuntimeImage,
     RuntimePod,
     RuntimeSandbox,
+    RuntimeVersion,
     SandboxConfig,
     StartError,
     dial_local_port,
@@ -134,6 +137,13 @@ class ProcessRuntime:
         self._stdio: dict[str, ContainerStdio] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
+
+    async def version(self) -> RuntimeVersion:
+        # No engine: the runtime is pykubelet itself.
+        return RuntimeVersion(NAME, __version__)
+
+    async def images(self) -> list[RuntimeImage]:
+        return []  # processes run from the host's files, not images
 
     async def start(self) -> None:
         if self._loop is not None:

@@ -45,8 +45,10 @@ from pykubelet.runtime.base import (
     RegistryAuth,
     RuntimeContainer,
     RuntimeFailure,
+    RuntimeImage,
     RuntimePod,
     RuntimeSandbox,
+    RuntimeVersion,
     SandboxConfig,
     SharedPulls,
     StartError,
@@ -156,6 +158,12 @@ class SandboxRuntime(Generic[R]):
             await self._engine.close()
         await self._cache.close()
 
+    async def version(self) -> RuntimeVersion:
+        return await self._engine.version()
+
+    async def images(self) -> list[RuntimeImage]:
+        return await self._engine.images()
+
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
 
@@ -172,7 +180,8 @@ class SandboxRuntime(Generic[R]):
         return self._pods([uid]).get(uid)
 
     def _pods(self, only: list[str] | None = None) -> dict[str, RuntimePod]:
-        return pods(self._cache.sandboxes(), self._cache.containers(), self.name, only)
+        scheme = self._engine.id_scheme()
+        return pods(self._cache.sandboxes(), self._cache.containers(), scheme, only)
 
     # --- sandboxes ------------------------------------------------------------------------------
 
@@ -294,7 +303,7 @@ class SandboxRuntime(Generic[R]):
         if entry is None:
             raise RuntimeFailure(f"container {config.name} of pod {pod.key} vanished at start")
         self._notify(pod.uid)
-        return container_view(entry, self.name)
+        return container_view(entry, self._engine.id_scheme())
 
     async def stop_container(self, container: RuntimeContainer, grace_seconds: float) -> None:
         entry = self._cache.container(container.id)

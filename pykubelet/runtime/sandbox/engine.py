@@ -33,6 +33,8 @@ from pykubelet.runtime.base import (
     ExecStream,
     LogTimes,
     RegistryAuth,
+    RuntimeImage,
+    RuntimeVersion,
     SandboxConfig,
 )
 
@@ -91,6 +93,9 @@ class ContainerEntry:
     log_path: str = ""
     tty: bool = False
     seq: int = 0
+    # status.imageID: the image's digest reference (docker-pullable://repo@sha256:...,
+    # docker://sha256:<id>, the CRI's image_ref); "" for `image`.
+    image_id: str = ""
 
     @property
     def kind(self) -> Kind:
@@ -162,10 +167,23 @@ R = TypeVar("R")  # an engine's create request of one container, built before th
 
 
 class Engine(Inspector, Protocol[R]):
-    name: str  # the scheme of container IDs ("docker://<id>")
+    name: str  # the backend (--container-runtime)
 
     async def connect(self) -> None:
         """Reach the engine and check that it is one; on failure, leave nothing open."""
+
+    def id_scheme(self) -> str:
+        """The scheme of container IDs in pod status ("docker", "containerd"): the runtime's
+        name, known once connected."""
+        ...
+
+    async def version(self) -> RuntimeVersion:
+        """The engine's own name and version."""
+        ...
+
+    async def images(self) -> list[RuntimeImage]:
+        """The images the engine holds."""
+        ...
 
     async def close(self) -> None:
         """Close connections and stop what the engine started. Containers keep running."""

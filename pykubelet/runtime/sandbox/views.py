@@ -59,6 +59,7 @@ def container_view(entry: ContainerEntry, runtime: str) -> RuntimeContainer:
         reason=exit_reason(entry),
         message=(entry.message or None) if exited else None,
         pid=entry.pid,
+        image_id=entry.image_id,
     )
 
 

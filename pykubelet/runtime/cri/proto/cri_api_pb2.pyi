@@ -819,6 +819,24 @@ class Image(_message.Message):
     size: int
     def __init__(self, id: _Optional[str] = ..., repo_tags: _Optional[_Iterable[str]] = ..., repo_digests: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ...) -> None: ...
 
+class ImageFilter(_message.Message):
+    __slots__ = ("image",)
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    image: ImageSpec
+    def __init__(self, image: _Optional[_Union[ImageSpec, _Mapping]] = ...) -> None: ...
+
+class ListImagesRequest(_message.Message):
+    __slots__ = ("filter",)
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    filter: ImageFilter
+    def __init__(self, filter: _Optional[_Union[ImageFilter, _Mapping]] = ...) -> None: ...
+
+class ListImagesResponse(_message.Message):
+    __slots__ = ("images",)
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+
 class ImageStatusRequest(_message.Message):
     __slots__ = ("image", "verbose")
     IMAGE_FIELD_NUMBER: _ClassVar[int]
