@@ -26,11 +26,9 @@ KNOWN_UNSUPPORTED = frozenset(
         "shareProcessNamespace", "topologySpreadConstraints", "overhead", "preemptionPolicy",
         "dnsConfig", "hostAliases", "os", "schedulingGates", "resourceClaims",
         "ephemeralContainers", "setHostnameAsFQDN", "hostUsers",
-        # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
-        # readOnlyRootFilesystem/privileged
-        "capabilities", "seLinuxOptions", "seccompProfile", "appArmorProfile", "procMount",
-        "windowsOptions", "allowPrivilegeEscalation", "fsGroup", "fsGroupChangePolicy", "sysctls",
-        "supplementalGroupsPolicy", "seLinuxChangePolicy",
+        # securityContext fields beyond those of the restricted profile (see the README)
+        "seLinuxOptions", "appArmorProfile", "windowsOptions", "supplementalGroupsPolicy",
+        "seLinuxChangePolicy",
         # volumeMounts fields and volume types beyond emptyDir, hostPath, configMap, secret,
         # downwardAPI, projected
         "mountPropagation", "subPathExpr", "recursiveReadOnly", "persistentVolumeClaim",

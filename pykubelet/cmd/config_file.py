@@ -111,6 +111,7 @@ class KubeletConfiguration(_Model):
     authorization: Authorization | None = None
     max_pods: int | None = Field(default=None, ge=1)
     pod_pids_limit: int | None = Field(default=None, ge=-1)
+    allowed_unsafe_sysctls: list[str] | None = None
     container_runtime_endpoint: str | None = None
     logging: LoggingConfiguration | None = None
 
@@ -175,6 +176,8 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         value = getattr(config, field)
         if value is not None:
             out[dest] = convert(value)
+    if config.allowed_unsafe_sysctls is not None:
+        out["allowed_unsafe_sysctls"] = list(config.allowed_unsafe_sysctls)
     if config.static_pod_url_header:
         out["manifest_url_header"] = [
             (key, value) for key, values in config.static_pod_url_header.items() for value in values

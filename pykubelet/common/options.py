@@ -90,6 +90,8 @@ class Options:
     allowed_host_paths: list[str] = field(default_factory=list)
     allow_privileged: bool = False
     pod_max_pids: int = -1  # per pod; -1: unlimited
+    # Sysctls (names, or prefixes ending in "*") pods may set beyond the kubelet's safe set.
+    allowed_unsafe_sysctls: list[str] = field(default_factory=list)
     log_format: str = "text"
     verbosity: int = 0
 
@@ -134,6 +136,7 @@ class Options:
             },
             "maxPods": self.max_pods,
             "podPidsLimit": self.pod_max_pids,
+            "allowedUnsafeSysctls": list(self.allowed_unsafe_sysctls),
             "containerRuntimeEndpoint": self.container_runtime_endpoint or "",
             "logging": {"format": self.log_format, "verbosity": self.verbosity},
         }

@@ -38,6 +38,7 @@ from pykubelet.kubelet.admission import (
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
+from pykubelet.kubelet.sysctls import SysctlAllowlist
 from pykubelet.pod.envvars import Allocatable, container_env
 from pykubelet.pod.sync import PodSync, TerminatedListener
 from pykubelet.pod.tokens import TokenManager
@@ -107,6 +108,7 @@ class Kubelet:
         }
         self._admission: list[AdmitHandler] = [
             NodeFeatures(options.allow_privileged, options.allowed_host_paths),
+            SysctlAllowlist(options.allowed_unsafe_sysctls),
             ResourceFit(options.max_pods, allocatable),
         ]
         self._usage = NodeUsage()  # during one batch of additions
