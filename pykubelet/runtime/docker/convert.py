@@ -22,6 +22,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     StartError,
 )
+from pykubelet.runtime.docker.security import container_security, sandbox_sysctls
 from pykubelet.runtime.resources import CPU_PERIOD, cpu_quota, cpu_shares, request_milli_cpu
 from pykubelet.runtime.sandbox.engine import ContainerEntry, Kind, Listing, SandboxEntry
 from pykubelet.runtime.sandbox.naming import pod_hostname
@@ -138,6 +139,8 @@ def sandbox_body(pod: Pod, image: str, attempt: int) -> dict[str, Any]:
         "Labels": _labels(pod, TYPE_SANDBOX, SANDBOX_NAME, attempt),
         "HostConfig": host_config,
     }
+    if sysctls := sandbox_sysctls(pod):
+        host_config["Sysctls"] = sysctls
     if pod.spec.host_network:
         host_config["NetworkMode"] = "host"
         host_config["UTSMode"] = "host"
@@ -211,6 +214,7 @@ def container_body(
             host_config[key.removeprefix("HostConfig.")] = value
         else:
             body[key] = value
+    host_config.update(container_security(config, podman=podman))
     return body
 
 
