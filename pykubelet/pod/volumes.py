@@ -49,6 +49,7 @@ from pykubelet.api.model import (
 )
 from pykubelet.api.quantity import parse_quantity, to_bytes
 from pykubelet.pod.envvars import Allocatable, ApiObjects, EnvError, field_ref_value, resource_value
+from pykubelet.pod.ownership import set_volume_ownership
 from pykubelet.pod.tokens import (
     DEFAULT_EXPIRATION_SECONDS,
     IssuedToken,
@@ -183,6 +184,7 @@ class VolumeManager:
         self._allowed = [os.path.normpath(p) for p in allowed_host_paths]
         self._root = os.geteuid() == 0
         self._written: dict[Path, str] = {}  # a volume's directory -> the payload it holds
+        self._owned: set[Path] = set()  # volumes given to their pod's fsGroup
 
     def pod_dir(self, uid: str) -> Path:
         return self._dir / uid
@@ -250,7 +252,10 @@ class VolumeManager:
         paths: dict[str, str] = {}
         for volume in pod.spec.volumes or []:
             try:
+                written = self._volume_dir_of(pod, volume)
+                before = self._written.get(written) if written is not None else None
                 paths[volume.name] = self._setup_one(pod, volume, objects, tokens)
+                self._fs_group(pod, volume, Path(paths[volume.name]), before)
             except OSError as e:
                 raise VolumeError(
                     f'MountVolume.SetUp failed for volume "{volume.name}": {_os_reason(e)}'
@@ -260,6 +265,39 @@ class VolumeManager:
                     f'MountVolume.SetUp failed for volume "{volume.name}": {e}'
                 ) from e
         return paths
+
+    def _volume_dir_of(self, pod: Pod, volume: Volume) -> Path | None:
+        for plugin, source in (
+            (CONFIG_MAP, volume.config_map),
+            (SECRET, volume.secret),
+            (DOWNWARD_API, volume.downward_api),
+            (PROJECTED, volume.projected),
+        ):
+            if source is not None:
+                return self._volume_dir(pod, plugin, volume.name)
+        return None
+
+    def _fs_group(self, pod: Pod, volume: Volume, path: Path, before: str | None) -> None:
+        """The pod's fsGroup on a volume it owns (never a hostPath), as the kubelet's
+        SetVolumeOwnership: an emptyDir when first set up (with its fsGroupChangePolicy), the
+        others (read-only for containers) whenever their content is written."""
+        ctx = pod.spec.security_context
+        if ctx is None or ctx.fs_group is None or volume.host_path is not None:
+            return
+        if volume.empty_dir is not None:
+            if path in self._owned:
+                return
+            set_volume_ownership(
+                str(path),
+                ctx.fs_group,
+                read_only=False,
+                on_root_mismatch=ctx.fs_group_change_policy == "OnRootMismatch",
+            )
+        else:
+            if path in self._owned and self._written.get(path) is before:
+                return
+            set_volume_ownership(str(path), ctx.fs_group, read_only=True, on_root_mismatch=False)
+        self._owned.add(path)
 
     def _volume_dir(self, pod: Pod, plugin: str, name: str) -> Path:
         return self.pod_dir(pod.uid) / "volumes" / plugin / name
@@ -280,8 +318,11 @@ class VolumeManager:
                 self._tmpfs(path, 0o777, to_bytes(limit) if limit is not None else None)
             elif not path.is_dir():
                 path.mkdir(parents=True, exist_ok=True)
-            # As the kubelet: any user of any container may write to an emptyDir.
-            os.chmod(path, 0o777)
+            # As the kubelet: any user of any container may write to an emptyDir (the setgid
+            # bit of an fsGroup is kept).
+            mode = path.stat().st_mode
+            if stat.S_IMODE(mode) & 0o777 != 0o777:
+                os.chmod(path, stat.S_IMODE(mode) | 0o777)
             return str(path)
         if volume.config_map is not None:
             source = volume.config_map
@@ -532,6 +573,7 @@ class VolumeManager:
                     if os.path.ismount(path):
                         _unmount(str(path).encode())
                     self._written.pop(path, None)
+                    self._owned.discard(path)
         shutil.rmtree(pod_dir, ignore_errors=True)
 
     def _pod_uids(self) -> list[str]:
