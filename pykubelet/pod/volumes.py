@@ -337,7 +337,7 @@ class VolumeManager:
                 source.optional,
                 f"configmap {source.name}",
             )
-            self._write_atomically(path, files, private=False)
+            self._write_atomically(path, files, private=False, group=_fs_group_of(pod))
             return str(path)
         if volume.secret is not None:
             secret = volume.secret
@@ -354,7 +354,7 @@ class VolumeManager:
             )
             if self._root:
                 self._tmpfs(path, 0o755, None)
-            self._write_atomically(path, files, private=not self._root)
+            self._write_atomically(path, files, private=not self._root, group=_fs_group_of(pod))
             return str(path)
         if volume.downward_api is not None:
             path = self._volume_dir(pod, DOWNWARD_API, volume.name)
@@ -365,14 +365,16 @@ class VolumeManager:
                 )
                 for item in volume.downward_api.items
             }
-            self._write_atomically(path, _with_default_mode(downward), private=False)
+            self._write_atomically(
+                path, _with_default_mode(downward), private=False, group=_fs_group_of(pod)
+            )
             return str(path)
         if volume.projected is not None:
             path = self._volume_dir(pod, PROJECTED, volume.name)
             files = self._projected_files(pod, volume.name, volume.projected, objects, tokens)
             if self._root:
                 self._tmpfs(path, 0o755, None)  # tokens and Secrets stay off the disk
-            self._write_atomically(path, files, private=not self._root)
+            self._write_atomically(path, files, private=not self._root, group=_fs_group_of(pod))
             return str(path)
         raise VolumeError("no volume source")  # validation makes this unreachable
 
@@ -483,8 +485,15 @@ class VolumeManager:
         _mount(b"tmpfs", str(path).encode(), b"tmpfs", options.encode())
 
     def _write_atomically(
-        self, path: Path, files: dict[str, tuple[bytes, int]], *, private: bool
+        self,
+        path: Path,
+        files: dict[str, tuple[bytes, int]],
+        *,
+        private: bool,
+        group: int | None = None,
     ) -> None:
+        """`group`: the pod's fsGroup, given to the new files before they are swapped in (as
+        the kubelet's atomic writer runs SetVolumeOwnership), so no reader sees them without."""
         payload = json.dumps(
             {k: [v.hex(), m] for k, (v, m) in sorted(files.items())}, separators=(",", ":")
         )
@@ -503,6 +512,8 @@ class VolumeManager:
                 os.fchmod(fd, mode)
             finally:
                 os.close(fd)
+        if group is not None:
+            set_volume_ownership(str(stamp), group, read_only=True, on_root_mismatch=False)
         previous = os.readlink(path / DATA_LINK) if (path / DATA_LINK).is_symlink() else None
         temp = path / "..data_tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -599,6 +610,11 @@ class VolumeManager:
             if used > limit:
                 found.append(Exceeded(volume.name, used, str(empty.size_limit)))
         return found
+
+
+def _fs_group_of(pod: Pod) -> int | None:
+    ctx = pod.spec.security_context
+    return ctx.fs_group if ctx is not None else None
 
 
 def _with_default_mode(
