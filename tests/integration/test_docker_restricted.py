@@ -4,13 +4,16 @@ the sandbox's sysctls, /proc masking, and runAsNonRoot checked against the image
 
 from __future__ import annotations
 
+import asyncio
 import json
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
 from pykubelet.runtime.base import StartError
 from pykubelet.runtime.docker.runtime import DockerRuntime
+from tests.integration.agent import Engine, _UnixConnection
 from tests.integration.test_docker_security import finished, make_pod, runtime, sh
 
 pytestmark = pytest.mark.docker
@@ -113,3 +116,47 @@ async def test_run_as_non_root_checks_the_images_user(runtime: DockerRuntime) ->
     )
     code, log = await run(runtime, "id -u", run_as_non_root=True, run_as_user=1000)
     assert (code, log.split()) == (0, ["1000"])
+
+
+def commit(engine: Engine, query: dict[str, str]) -> None:
+    """POST /commit with the (empty) config body the engine wants."""
+    conn = _UnixConnection(engine.path, timeout=30)
+    try:
+        conn.request(
+            "POST",
+            "/v1.41/commit?" + urllib.parse.urlencode(query),
+            body=b"{}",
+            headers={"Content-Type": "application/json"},
+        )
+        resp = conn.getresponse()
+        assert resp.status < 300, resp.read()
+    finally:
+        conn.close()
+
+
+async def test_run_as_non_root_with_a_named_or_a_numeric_image_user(
+    runtime: DockerRuntime, container_engine: Engine
+) -> None:
+    # Images whose configured user is a name or a number: busybox committed with a USER.
+    pod = make_pod()
+    sandbox = await runtime.run_sandbox(pod)
+    base = await finished(runtime, await runtime.start_container(pod, sandbox, sh("true")))
+    images = {"nobody": "localhost/busybox-user:named", "1000:1000": "localhost/busybox-user:id"}
+    for user, image in images.items():
+        repo, tag = image.rsplit(":", 1)
+        query = {"container": base.id, "repo": repo, "tag": tag, "changes": f"USER {user}"}
+        await asyncio.to_thread(commit, container_engine, query)
+    try:
+        with pytest.raises(StartError) as info:
+            await run(runtime, "id -u", run_as_non_root=True, image=images["nobody"])
+        assert info.value.reason == "CreateContainerConfigError"
+        assert info.value.message.startswith(
+            "container has runAsNonRoot and image has non-numeric user (nobody), cannot verify "
+            "user is non-root (pod: "
+        )
+        code, log = await run(runtime, "id -u", run_as_non_root=True, image=images["1000:1000"])
+        assert (code, log.split()) == (0, ["1000"])
+    finally:
+        for image in images.values():
+            path = f"images/{image}"
+            await asyncio.to_thread(container_engine.request, "DELETE", path, {"force": "1"})
