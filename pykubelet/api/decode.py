@@ -30,11 +30,9 @@ KNOWN_UNSUPPORTED = frozenset(
         "hostUsers",
         # Container restart rules (KEP-5307, alpha after 1.32): refused by name, not guessed.
         "restartPolicyRules",
-        # securityContext fields beyond runAsUser/runAsGroup/runAsNonRoot/supplementalGroups/
-        # readOnlyRootFilesystem/privileged
-        "capabilities", "seLinuxOptions", "seccompProfile", "appArmorProfile", "procMount",
-        "windowsOptions", "allowPrivilegeEscalation", "fsGroup", "fsGroupChangePolicy", "sysctls",
-        "supplementalGroupsPolicy", "seLinuxChangePolicy",
+        # securityContext fields beyond those of the restricted profile (see the README)
+        "seLinuxOptions", "appArmorProfile", "windowsOptions", "supplementalGroupsPolicy",
+        "seLinuxChangePolicy",
         # volumeMounts fields and volume types beyond emptyDir, hostPath, configMap, secret,
         # downwardAPI, projected
         "mountPropagation", "subPathExpr", "recursiveReadOnly", "persistentVolumeClaim",

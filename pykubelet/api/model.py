@@ -118,6 +118,25 @@ class VolumeMount(ApiModel):
     sub_path: str | None = None
 
 
+class Capabilities(ApiModel):
+    """Linux capabilities added to or dropped from the runtime's default set (names as the
+    API takes them: "NET_ADMIN", "CAP_NET_ADMIN" or "ALL")."""
+
+    add: list[str] | None = None
+    drop: list[str] | None = None
+
+
+class SeccompProfile(ApiModel):
+    type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
+    # Relative to the kubelet's <root-dir>/seccomp; only with type Localhost.
+    localhost_profile: str | None = None
+
+
+class Sysctl(ApiModel):
+    name: str
+    value: str
+
+
 class SecurityContext(ApiModel):
     """A container's securityContext: the fields pykubelet implements."""
 
@@ -126,6 +145,10 @@ class SecurityContext(ApiModel):
     run_as_non_root: bool | None = None
     read_only_root_filesystem: bool | None = None
     privileged: bool | None = None
+    allow_privilege_escalation: bool | None = None
+    capabilities: Capabilities | None = None
+    seccomp_profile: SeccompProfile | None = None
+    proc_mount: Literal["Default", "Unmasked"] | None = None
 
 
 Protocol = Literal["TCP", "UDP", "SCTP"]
@@ -267,6 +290,10 @@ class PodSecurityContext(ApiModel):
     run_as_group: int | None = None
     run_as_non_root: bool | None = None
     supplemental_groups: list[int] | None = None
+    fs_group: int | None = None
+    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = None
+    seccomp_profile: SeccompProfile | None = None
+    sysctls: list[Sysctl] | None = None
 
 
 class KeyToPath(ApiModel):

@@ -21,6 +21,7 @@ from pykubelet.api.model import (
     Volume,
 )
 from pykubelet.api.quantity import QuantityError, parse_quantity
+from pykubelet.api.security import validate_container_security, validate_pod_security
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -169,7 +170,11 @@ def validate_pod(pod: Pod, *, api_pod: bool = False) -> list[FieldError]:
     errors.extend(_validate_ephemeral(pod, names, volume_names, api_pod=api_pod))
     errors.extend(_validate_volumes(spec.volumes or [], pod))
     if spec.security_context is not None:
-        errors.extend(_validate_security(spec.security_context, "spec.securityContext"))
+        errors.extend(
+            _validate_security(
+                spec.security_context, "spec.securityContext", host_network=bool(spec.host_network)
+            )
+        )
     container_names = {c.name for c in pod.all_containers()}
     for kind, containers in (
         ("initContainers", spec.init_containers),
@@ -667,26 +672,11 @@ def _validate_env_sources(
 
 
 def _validate_security(
-    context: SecurityContext | PodSecurityContext, where: str
+    context: SecurityContext | PodSecurityContext, where: str, *, host_network: bool = False
 ) -> list[FieldError]:
-    errors: list[FieldError] = []
-    for name in ("run_as_user", "run_as_group"):
-        value = getattr(context, name)
-        if value is not None and not 0 <= value <= 2**31 - 1:
-            errors.append(FieldError(f"{where}.{_camel(name)}", "must be between 0 and 2147483647"))
-    if context.run_as_non_root and context.run_as_user == 0:
-        errors.append(
-            FieldError(f"{where}.runAsUser", "runAsNonRoot is true: must not be 0 (root)")
-        )
     if isinstance(context, PodSecurityContext):
-        for k, gid in enumerate(context.supplemental_groups or []):
-            if not 0 <= gid <= 2**31 - 1:
-                errors.append(
-                    FieldError(
-                        f"{where}.supplementalGroups[{k}]", "must be between 0 and 2147483647"
-                    )
-                )
-    return errors
+        return validate_pod_security(context, where, host_network=host_network)
+    return validate_container_security(context, where)
 
 
 def _validate_port_ref(port: int | str, container: Container, where: str) -> list[FieldError]:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from pykubelet import __version__
+from pykubelet.api.security import sysctl_pattern_error
 from pykubelet.cmd import config_file, ctl, logs, node_resources
 from pykubelet.common.node_registration import Taint, parse_label_pairs, parse_taints
 from pykubelet.common.options import (
@@ -75,6 +76,10 @@ def _bool(text: str) -> bool:
     if lowered in {"false", "0", "no"}:
         return False
     raise argparse.ArgumentTypeError(f"invalid boolean {text!r}: use true or false")
+
+
+def _name_list(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _path_list(text: str) -> list[str]:
@@ -455,6 +460,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="admit pods with privileged containers (default false: they are rejected)",
     )
     p.add_argument(
+        "--allowed-unsafe-sysctls",
+        type=_name_list,
+        action="extend",
+        default=[],
+        metavar="NAME[,NAME...]",
+        help="sysctls (or patterns ending in '*', e.g. 'net.core.*') pods may set beyond the "
+        "safe set (repeatable); by default a pod with another sysctl is rejected",
+    )
+    p.add_argument(
         "--pod-max-pids",
         type=int,
         default=-1,
@@ -560,10 +574,16 @@ def parse_options(argv: Sequence[str]) -> Options:
         cluster_domain=ns.cluster_domain,
         resolv_conf=ns.resolv_conf,
         **_node_allocatable(parser, ns),
+        allowed_unsafe_sysctls=ns.allowed_unsafe_sysctls,
         log_format=ns.log_format,
         verbosity=ns.verbosity,
     )
     problems = opts.validate()
+    problems += [
+        f"--allowed-unsafe-sysctls: {err}"
+        for pattern in opts.allowed_unsafe_sysctls
+        if (err := sysctl_pattern_error(pattern))
+    ]
     if problems:
         parser.error(problems[0])
     return opts

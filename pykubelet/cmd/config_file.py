@@ -251,6 +251,7 @@ class KubeletConfiguration(_Model):
     authorization: Authorization | None = None
     max_pods: int | None = Field(default=None, ge=1)
     pod_pids_limit: int | None = Field(default=None, ge=-1)
+    allowed_unsafe_sysctls: list[str] | None = None
     container_runtime_endpoint: str | None = None
     cluster_dns: list[str] | None = Field(default=None, alias="clusterDNS")
     cluster_domain: str | None = None
@@ -405,6 +406,8 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         out[dest] = converted
     if config.register_with_taints is not None:
         out["register_with_taints"] = [t.taint() for t in config.register_with_taints]
+    if config.allowed_unsafe_sysctls is not None:
+        out["allowed_unsafe_sysctls"] = list(config.allowed_unsafe_sysctls)
     if config.static_pod_url_header:
         out["manifest_url_header"] = [
             (key, value) for key, values in config.static_pod_url_header.items() for value in values

@@ -125,6 +125,8 @@ class Options:
     enforce_node_allocatable: list[str] = field(default_factory=lambda: [ENFORCE_PODS])
     system_reserved_cgroup: str = ""
     kube_reserved_cgroup: str = ""
+    # Sysctls (names, or prefixes ending in "*") pods may set beyond the kubelet's safe set.
+    allowed_unsafe_sysctls: list[str] = field(default_factory=list)
     log_format: str = "text"
     verbosity: int = 0
 
@@ -175,6 +177,7 @@ class Options:
             "registerWithTaints": [t.as_api() for t in self.register_with_taints],
             "providerID": self.provider_id,
             "podPidsLimit": self.pod_max_pids,
+            "allowedUnsafeSysctls": list(self.allowed_unsafe_sysctls),
             "containerRuntimeEndpoint": self.container_runtime_endpoint or "",
             "clusterDNS": list(self.cluster_dns),
             "clusterDomain": self.cluster_domain,

@@ -39,6 +39,7 @@ from pykubelet.kubelet.admission import (
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
+from pykubelet.kubelet.sysctls import SysctlAllowlist
 from pykubelet.pod.dns import ClusterSettings
 from pykubelet.pod.envvars import (
     Allocatable,
@@ -142,6 +143,7 @@ class Kubelet:
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)
         self._admission: list[AdmitHandler] = [
             NodeFeatures(options.allow_privileged, options.allowed_host_paths),
+            SysctlAllowlist(options.allowed_unsafe_sysctls),
             ResourceFit(options.max_pods, allocatable),
         ]
         self._usage = NodeUsage()  # during one batch of additions

@@ -13,7 +13,6 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from pykubelet.api.model import Container, Pod, PodStatus
 from pykubelet.api.static import CONFIG_SOURCE
@@ -36,6 +35,7 @@ from pykubelet.pod.envvars import (
 )
 from pykubelet.pod.network import PodNetwork
 from pykubelet.pod.pullsecrets import PullSecret, pull_credentials
+from pykubelet.pod.security import SecurityError, security_fields
 from pykubelet.pod.volumes import (
     NoApiServer,
     ObjectLookup,
@@ -133,48 +133,6 @@ class _Pass:
 
 
 TerminatedListener = Callable[[str, Pod | None], Awaitable[None]]
-
-
-class SecurityError(Exception):
-    """The container's securityContext cannot be honoured (CreateContainerConfigError)."""
-
-
-@dataclass(frozen=True)
-class Security:
-    run_as_user: int | None
-    run_as_group: int | None
-    supplemental_groups: list[int]
-    read_only_root_filesystem: bool
-    privileged: bool
-
-
-def security_fields(pod: Pod, spec: Container) -> Security:
-    """The container's securityContext merged over the pod's, as ContainerConfig fields."""
-    pod_ctx = pod.spec.security_context
-    ctx = spec.security_context
-    user = ctx.run_as_user if ctx and ctx.run_as_user is not None else None
-    group = ctx.run_as_group if ctx and ctx.run_as_group is not None else None
-    non_root = ctx.run_as_non_root if ctx and ctx.run_as_non_root is not None else None
-    if pod_ctx is not None:
-        user = pod_ctx.run_as_user if user is None else user
-        group = pod_ctx.run_as_group if group is None else group
-        non_root = pod_ctx.run_as_non_root if non_root is None else non_root
-    if non_root:
-        if user == 0:
-            raise SecurityError("container's runAsUser breaks non-root policy")
-        if user is None:
-            # The kubelet would look at the image's USER; pykubelet does not inspect images.
-            raise SecurityError(
-                "container has runAsNonRoot and no runAsUser: pykubelet needs a numeric "
-                "runAsUser to verify it (the image's USER is not inspected)"
-            )
-    return Security(
-        run_as_user=user,
-        run_as_group=group,
-        supplemental_groups=list(pod_ctx.supplemental_groups or []) if pod_ctx else [],
-        read_only_root_filesystem=bool(ctx and ctx.read_only_root_filesystem),
-        privileged=bool(ctx and ctx.privileged),
-    )
 
 
 class PodSync:
@@ -599,6 +557,13 @@ class PodSync:
             supplemental_groups=security.supplemental_groups,
             read_only_root_filesystem=security.read_only_root_filesystem,
             privileged=security.privileged,
+            run_as_non_root=security.run_as_non_root,
+            no_new_privileges=security.no_new_privileges,
+            capabilities_add=security.capabilities_add,
+            capabilities_drop=security.capabilities_drop,
+            seccomp=security.seccomp,
+            seccomp_localhost_profile=security.seccomp_localhost_profile,
+            proc_mount_unmasked=security.proc_mount_unmasked,
             stdin=bool(spec.stdin),
             stdin_once=bool(spec.stdin and spec.stdin_once),
             tty=bool(spec.tty),

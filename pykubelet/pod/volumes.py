@@ -50,6 +50,7 @@ from pykubelet.api.model import (
 from pykubelet.api.quantity import parse_quantity, to_bytes
 from pykubelet.pod.envvars import Allocatable, ApiObjects, EnvError, field_ref_value, resource_value
 from pykubelet.pod.network import ETC_HOSTS_FILE, RESOLV_CONF_FILE
+from pykubelet.pod.ownership import set_volume_ownership
 from pykubelet.pod.tokens import (
     DEFAULT_EXPIRATION_SECONDS,
     IssuedToken,
@@ -191,6 +192,7 @@ class VolumeManager:
         self._allowed = [os.path.normpath(p) for p in allowed_host_paths]
         self._root = os.geteuid() == 0
         self._written: dict[Path, str] = {}  # a volume's directory -> the payload it holds
+        self._owned: set[Path] = set()  # volumes given to their pod's fsGroup
 
     def pod_dir(self, uid: str) -> Path:
         return self._dir / uid
@@ -258,7 +260,10 @@ class VolumeManager:
         paths: dict[str, str] = {}
         for volume in pod.spec.volumes or []:
             try:
+                written = self._volume_dir_of(pod, volume)
+                before = self._written.get(written) if written is not None else None
                 paths[volume.name] = self._setup_one(pod, volume, objects, tokens)
+                self._fs_group(pod, volume, Path(paths[volume.name]), before)
             except OSError as e:
                 raise VolumeError(
                     f'MountVolume.SetUp failed for volume "{volume.name}": {_os_reason(e)}'
@@ -268,6 +273,39 @@ class VolumeManager:
                     f'MountVolume.SetUp failed for volume "{volume.name}": {e}'
                 ) from e
         return paths
+
+    def _volume_dir_of(self, pod: Pod, volume: Volume) -> Path | None:
+        for plugin, source in (
+            (CONFIG_MAP, volume.config_map),
+            (SECRET, volume.secret),
+            (DOWNWARD_API, volume.downward_api),
+            (PROJECTED, volume.projected),
+        ):
+            if source is not None:
+                return self._volume_dir(pod, plugin, volume.name)
+        return None
+
+    def _fs_group(self, pod: Pod, volume: Volume, path: Path, before: str | None) -> None:
+        """The pod's fsGroup on a volume it owns (never a hostPath), as the kubelet's
+        SetVolumeOwnership: an emptyDir when first set up (with its fsGroupChangePolicy), the
+        others (read-only for containers) whenever their content is written."""
+        ctx = pod.spec.security_context
+        if ctx is None or ctx.fs_group is None or volume.host_path is not None:
+            return
+        if volume.empty_dir is not None:
+            if path in self._owned:
+                return
+            set_volume_ownership(
+                str(path),
+                ctx.fs_group,
+                read_only=False,
+                on_root_mismatch=ctx.fs_group_change_policy == "OnRootMismatch",
+            )
+        else:
+            if path in self._owned and self._written.get(path) is before:
+                return
+            set_volume_ownership(str(path), ctx.fs_group, read_only=True, on_root_mismatch=False)
+        self._owned.add(path)
 
     def _volume_dir(self, pod: Pod, plugin: str, name: str) -> Path:
         return self.pod_dir(pod.uid) / "volumes" / plugin / name
@@ -288,8 +326,11 @@ class VolumeManager:
                 self._tmpfs(path, 0o777, to_bytes(limit) if limit is not None else None)
             elif not path.is_dir():
                 path.mkdir(parents=True, exist_ok=True)
-            # As the kubelet: any user of any container may write to an emptyDir.
-            os.chmod(path, 0o777)
+            # As the kubelet: any user of any container may write to an emptyDir (the setgid
+            # bit of an fsGroup is kept).
+            mode = path.stat().st_mode
+            if stat.S_IMODE(mode) & 0o777 != 0o777:
+                os.chmod(path, stat.S_IMODE(mode) | 0o777)
             return str(path)
         if volume.config_map is not None:
             source = volume.config_map
@@ -304,7 +345,7 @@ class VolumeManager:
                 source.optional,
                 f"configmap {source.name}",
             )
-            self._write_atomically(path, files, private=False)
+            self._write_atomically(path, files, private=False, group=_fs_group_of(pod))
             return str(path)
         if volume.secret is not None:
             secret = volume.secret
@@ -321,7 +362,7 @@ class VolumeManager:
             )
             if self._root:
                 self._tmpfs(path, 0o755, None)
-            self._write_atomically(path, files, private=not self._root)
+            self._write_atomically(path, files, private=not self._root, group=_fs_group_of(pod))
             return str(path)
         if volume.downward_api is not None:
             path = self._volume_dir(pod, DOWNWARD_API, volume.name)
@@ -332,14 +373,16 @@ class VolumeManager:
                 )
                 for item in volume.downward_api.items
             }
-            self._write_atomically(path, _with_default_mode(downward), private=False)
+            self._write_atomically(
+                path, _with_default_mode(downward), private=False, group=_fs_group_of(pod)
+            )
             return str(path)
         if volume.projected is not None:
             path = self._volume_dir(pod, PROJECTED, volume.name)
             files = self._projected_files(pod, volume.name, volume.projected, objects, tokens)
             if self._root:
                 self._tmpfs(path, 0o755, None)  # tokens and Secrets stay off the disk
-            self._write_atomically(path, files, private=not self._root)
+            self._write_atomically(path, files, private=not self._root, group=_fs_group_of(pod))
             return str(path)
         raise VolumeError("no volume source")  # validation makes this unreachable
 
@@ -450,8 +493,15 @@ class VolumeManager:
         _mount(b"tmpfs", str(path).encode(), b"tmpfs", options.encode())
 
     def _write_atomically(
-        self, path: Path, files: dict[str, tuple[bytes, int]], *, private: bool
+        self,
+        path: Path,
+        files: dict[str, tuple[bytes, int]],
+        *,
+        private: bool,
+        group: int | None = None,
     ) -> None:
+        """`group`: the pod's fsGroup, given to the new files before they are swapped in (as
+        the kubelet's atomic writer runs SetVolumeOwnership), so no reader sees them without."""
         payload = json.dumps(
             {k: [v.hex(), m] for k, (v, m) in sorted(files.items())}, separators=(",", ":")
         )
@@ -470,6 +520,8 @@ class VolumeManager:
                 os.fchmod(fd, mode)
             finally:
                 os.close(fd)
+        if group is not None:
+            set_volume_ownership(str(stamp), group, read_only=True, on_root_mismatch=False)
         previous = os.readlink(path / DATA_LINK) if (path / DATA_LINK).is_symlink() else None
         temp = path / "..data_tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -540,6 +592,7 @@ class VolumeManager:
                     if os.path.ismount(path):
                         _unmount(str(path).encode())
                     self._written.pop(path, None)
+                    self._owned.discard(path)
         shutil.rmtree(pod_dir, ignore_errors=True)
 
     def _pod_uids(self) -> list[str]:
@@ -568,6 +621,11 @@ class VolumeManager:
             if used > limit:
                 found.append(Exceeded(volume.name, used, str(empty.size_limit)))
         return found
+
+
+def _fs_group_of(pod: Pod) -> int | None:
+    ctx = pod.spec.security_context
+    return ctx.fs_group if ctx is not None else None
 
 
 def _with_default_mode(

@@ -199,6 +199,18 @@ class ContainerConfig:
     supplemental_groups: list[int] = field(default_factory=list)
     read_only_root_filesystem: bool = False
     privileged: bool = False
+    # The rest of the restricted profile. `run_as_non_root` with no `run_as_user`: the runtime
+    # checks the image's user (api/security.py's verify_run_as_non_root). Capabilities are bare
+    # upper-case names ("NET_ADMIN", "ALL"); `seccomp` is "" (not set: the kubelet's default,
+    # Unconfined), RuntimeDefault, Unconfined or Localhost, whose profile is
+    # `seccomp_localhost_profile` under <root-dir>/seccomp.
+    run_as_non_root: bool = False
+    no_new_privileges: bool = False
+    capabilities_add: list[str] = field(default_factory=list)
+    capabilities_drop: list[str] = field(default_factory=list)
+    seccomp: str = ""
+    seccomp_localhost_profile: str = ""
+    proc_mount_unmasked: bool = False
     # The container's own stdio, for `kubectl attach`: stdin kept open by the runtime (closed
     # after the first attach ends with `stdin_once`), a terminal with `tty`.
     stdin: bool = False

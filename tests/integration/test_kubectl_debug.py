@@ -132,19 +132,28 @@ def test_kubectl_debug_on_the_process_runtime(
     taken = kubectl(kubeconfig, "debug", "web", "--image=busybox:test", "-c", "app", "--", "true")
     assert taken.returncode != 0
     assert 'spec.ephemeralContainers[4].name: Duplicate value: "app"' in taken.stderr
-    # kubectl's general profile adds capabilities, which pykubelet does not support: that
-    # container waits, saying so (kubectl debug -i prints it while it waits), the pod runs on.
+    # kubectl's general profile adds the SYS_PTRACE capability: the container gets it.
     traced = kubectl(
-        kubeconfig, "debug", "web", "--image=busybox:test", "-c", "traced", "--profile=general"
+        kubeconfig,
+        "debug",
+        "web",
+        "--image=busybox:test",
+        "-c",
+        "traced",
+        "--profile=general",
+        "--",
+        "sh",
+        "-c",
+        "grep CapEff /proc/self/status",
     )
     assert traced.returncode == 0, traced.stderr
     status = wait_for(
-        "the refused ephemeral container waiting",
-        lambda: (s := ephemeral_status(client, "traced")) and "waiting" in s["state"] and s,
+        "the general profile's container done",
+        lambda: (s := ephemeral_status(client, "traced")) and "terminated" in s["state"] and s,
     )
-    waiting = status["state"]["waiting"]
-    assert waiting["reason"] == "CreateContainerConfigError"
-    assert "securityContext.capabilities: not supported by pykubelet yet" in waiting["message"]
+    assert status["state"]["terminated"]["exitCode"] == 0, status
+    cap_eff = int(kubectl(kubeconfig, "logs", "web", "-c", "traced").stdout.split()[-1], 16)
+    assert cap_eff & (1 << 19), hex(cap_eff)  # CAP_SYS_PTRACE
     assert running_in_api(client, "web") is not None
 
 

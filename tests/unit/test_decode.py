@@ -68,8 +68,8 @@ def test_missing_container_name_names_file_and_field() -> None:
             "volumeMounts[0].name: no volume named 'nope' in spec.volumes",
         ),
         (
-            (b"    command: [nginx]\n", b"    securityContext: {capabilities: {add: [X]}}\n"),
-            "securityContext.capabilities: not supported by pykubelet yet",
+            (b"    command: [nginx]\n", b"    securityContext: {appArmorProfile: {type: X}}\n"),
+            "securityContext.appArmorProfile: not supported by pykubelet yet",
         ),
         (
             (b"    command: [nginx]\n", b"    livenessProbe: {httpGet: {port: web}}\n"),

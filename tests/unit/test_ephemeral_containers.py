@@ -228,7 +228,7 @@ def test_the_agent_checks_ephemeral_containers_as_the_api_server() -> None:
     body["spec"]["ephemeralContainers"] = [
         debugger(ports=[{"containerPort": 80}], targetContainerName="nope"),
         # What kubectl debug --profile=general adds: a field pykubelet does not support.
-        debugger("traced", securityContext={"capabilities": {"add": ["SYS_PTRACE"]}}),
+        debugger("traced", securityContext={"appArmorProfile": {"type": "RuntimeDefault"}}),
         debugger("fine"),
     ]
     pod = decode_api_pod(body)
@@ -237,7 +237,7 @@ def test_the_agent_checks_ephemeral_containers_as_the_api_server() -> None:
     assert refusal.startswith("pykubelet cannot run this ephemeral container: ")
     assert "spec.ephemeralContainers[0].ports: cannot be set for an Ephemeral Container" in refusal
     assert "spec.ephemeralContainers[0].targetContainerName: not found: 'nope'" in refusal
-    assert "spec.ephemeralContainers[1].securityContext.capabilities: not supported by " in (
+    assert "spec.ephemeralContainers[1].securityContext.appArmorProfile: not supported by " in (
         traced.refusal() or ""
     )
     assert fine.refusal() is None and fine.command == ["sh", "-c", "echo from-debug"]
@@ -361,7 +361,7 @@ async def test_an_ephemeral_container_that_cannot_start_waits_with_the_reason(
 
 async def test_an_ephemeral_container_pykubelet_cannot_run_says_why(node: Node) -> None:
     sync, statuses = node.sync, node.statuses
-    traced = debugger(securityContext={"capabilities": {"add": ["SYS_PTRACE"]}})
+    traced = debugger(securityContext={"appArmorProfile": {"type": "RuntimeDefault"}})
     await sync.sync_pod(UpdateType.CREATE, running_pod(traced))
     await sync.sync_pod(UpdateType.SYNC, running_pod(traced))
     status = statuses.get("uid-sync")
@@ -369,7 +369,8 @@ async def test_an_ephemeral_container_pykubelet_cannot_run_says_why(node: Node) 
     (ec,) = status.ephemeral_container_statuses or []
     waiting = ec.state.waiting
     assert waiting is not None and waiting.reason == "CreateContainerConfigError"
-    assert "securityContext.capabilities: not supported by pykubelet yet" in (waiting.message or "")
+    message = waiting.message or ""
+    assert "securityContext.appArmorProfile: not supported by pykubelet yet" in message
     rp = await node.runtime.get_pod("uid-sync")
     assert rp is not None and [c.name for c in rp.containers] == ["app"]
     failed = [e for e in node.sync.recorder.events() if e.reason == "Failed"]

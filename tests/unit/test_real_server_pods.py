@@ -18,13 +18,6 @@ CORPUS = Path(__file__).parent.parent / "data" / "real_pods"
 # What pykubelet cannot run yet, by file: the paths of the fields it names.
 REFUSED = {
     "statefulset.yaml": ["spec.volumes[0].persistentVolumeClaim"],
-    "restricted-chart.yaml": [
-        "spec.securityContext.fsGroup",
-        "spec.securityContext.seccompProfile",
-        "spec.containers[0].securityContext.allowPrivilegeEscalation",
-        "spec.containers[0].securityContext.capabilities",
-        "spec.containers[0].securityContext.seccompProfile",
-    ],
 }
 
 

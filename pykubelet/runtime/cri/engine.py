@@ -28,10 +28,12 @@ import math
 import os
 import shutil
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pykubelet.api.model import Pod
+from pykubelet.api.security import verify_run_as_non_root
 from pykubelet.common.machine import read_machine_facts
 from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import (
@@ -63,6 +65,11 @@ from pykubelet.runtime.cri.convert import (
 )
 from pykubelet.runtime.cri.log import CriLogDecoder
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
+from pykubelet.runtime.cri.security import (
+    apply_container_security,
+    apply_sandbox_security,
+    image_user,
+)
 from pykubelet.runtime.cri.streamclient import Streams, open_stream
 from pykubelet.runtime.sandbox.engine import (
     ChangeSink,
@@ -90,6 +97,15 @@ EVENTS_RETRY = 5.0
 FOLLOW_INTERVAL = 0.2
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    """A CreateContainer's config, and whether the image's user must be checked first
+    (runAsNonRoot without runAsUser)."""
+
+    config: Any
+    verify_non_root: bool = False
 
 
 class CriEngine:
@@ -263,7 +279,7 @@ class CriEngine:
 
     async def create_sandbox(self, pod: Pod, attempt: int, wanted: SandboxConfig | None) -> str:
         log_dir = self._log_dir(pod)
-        config = sandbox_config(pod, attempt, str(log_dir), wanted)
+        config = self._sandbox_config(pod, attempt, str(log_dir), wanted)
         await asyncio.to_thread(os.makedirs, log_dir, mode=0o755, exist_ok=True)
         try:
             reply = await self._call(
@@ -314,11 +330,18 @@ class CriEngine:
 
     # --- containers -----------------------------------------------------------------------------
 
-    def container_request(self, pod: Pod, sandbox_id: str, config: ContainerConfig) -> Any:
-        return container_config(pod, config, self._memory_capacity)
+    def container_request(
+        self, pod: Pod, sandbox_id: str, config: ContainerConfig
+    ) -> CreateRequest:
+        request = container_config(pod, config, self._memory_capacity)
+        apply_container_security(request.linux.security_context, config, self._root_dir)
+        return CreateRequest(request, config.run_as_non_root and config.run_as_user is None)
 
-    async def create_container(self, pod: Pod, sandbox: SandboxEntry, request: Any) -> str:
-        config = sandbox_config(
+    async def create_container(self, pod: Pod, sandbox: SandboxEntry, create: CreateRequest) -> str:
+        request = create.config
+        if create.verify_non_root:
+            await self._verify_non_root(pod, request)
+        config = self._sandbox_config(
             pod, sandbox.attempt, str(self._log_dir(pod)), self._sandbox_configs.get(sandbox.id)
         )
         await asyncio.to_thread(
@@ -346,6 +369,30 @@ class CriEngine:
                     raise NameInUse(leftovers, e.details) from e
             raise StartError("CreateContainerError", e.details) from e
         return str(reply.container_id)
+
+    async def _verify_non_root(self, pod: Pod, request: Any) -> None:
+        """As the kubelet before a create: the image's user (ImageStatus) must not be root."""
+        image = str(request.image.image)
+        try:
+            reply = await self._call(
+                "ImageStatus",
+                api.ImageStatusRequest(image=api.ImageSpec(image=image)),
+                api.ImageStatusResponse,
+                service="ImageService",
+            )
+        except (CriError, TimeoutError) as e:
+            raise RuntimeFailure(f"cannot ask for the status of image {image}: {e}") from e
+        uid, username = image_user(reply.image)
+        why = verify_run_as_non_root(pod, str(request.metadata.name), uid, username)
+        if why is not None:
+            raise StartError("CreateContainerConfigError", why)
+
+    def _sandbox_config(
+        self, pod: Pod, attempt: int, log_directory: str, wanted: SandboxConfig | None
+    ) -> Any:
+        config = sandbox_config(pod, attempt, log_directory, wanted)
+        apply_sandbox_security(config.linux, pod, self._root_dir)
+        return config
 
     async def _leftovers(self, sandbox_id: str, name: str, attempt: int) -> list[str]:
         """Our containers of the sandbox that hold the name of (name, attempt)."""

@@ -9,15 +9,14 @@ parsing of statuses; client.py: the gRPC client; log.py: the CRI log format).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from pykubelet.runtime.cri.engine import NAME, POLL_INTERVAL, CriEngine
+from pykubelet.runtime.cri.engine import NAME, POLL_INTERVAL, CreateRequest, CriEngine
 from pykubelet.runtime.sandbox.core import SandboxRuntime
 
 __all__ = ["NAME", "CriRuntime"]
 
 
-class CriRuntime(SandboxRuntime[Any]):
+class CriRuntime(SandboxRuntime[CreateRequest]):
     def __init__(
         self,
         endpoint: str,

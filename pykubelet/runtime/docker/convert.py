@@ -24,6 +24,7 @@ from pykubelet.runtime.base import (
     SandboxConfig,
     StartError,
 )
+from pykubelet.runtime.docker.security import container_security, sandbox_sysctls
 from pykubelet.runtime.logfiles import parse_time as parse_record_time
 from pykubelet.runtime.resources import CPU_PERIOD, cpu_quota, cpu_shares, request_milli_cpu
 from pykubelet.runtime.sandbox.engine import ContainerEntry, Kind, Listing, SandboxEntry
@@ -148,6 +149,8 @@ def sandbox_body(
         "Labels": _labels(pod, TYPE_SANDBOX, SANDBOX_NAME, attempt),
         "HostConfig": host_config,
     }
+    if sysctls := sandbox_sysctls(pod):
+        host_config["Sysctls"] = sysctls
     if pod.spec.host_network:
         host_config["NetworkMode"] = "host"
         host_config["UTSMode"] = "host"
@@ -225,6 +228,7 @@ def container_body(
             host_config[key.removeprefix("HostConfig.")] = value
         else:
             body[key] = value
+    host_config.update(container_security(config, podman=podman))
     return body
 
 

@@ -34,10 +34,13 @@ import os
 import signal
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pykubelet.api.model import Pod
+from pykubelet.api.security import image_user, verify_run_as_non_root
 from pykubelet.runtime.base import (
+    LABEL_CONTAINER_NAME,
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
     STDERR,
@@ -70,6 +73,7 @@ from pykubelet.runtime.docker.convert import (
     tail_offset,
 )
 from pykubelet.runtime.docker.oom import OomWatcher, memory_v1_mount
+from pykubelet.runtime.docker.security import image_user_of, read_seccomp, seccomp_file
 from pykubelet.runtime.sandbox.engine import (
     ChangeSink,
     ContainerEntry,
@@ -239,13 +243,25 @@ class DockerAttachStream:
 class CreateRequest:
     name: str
     body: dict[str, Any]
+    # Checked or read at the create, off the loop (docker/security.py): the image's user
+    # against runAsNonRoot, a Localhost seccomp profile.
+    verify_non_root: bool = False
+    seccomp_file: Path | None = None
 
 
 class DockerEngine:
     name = NAME
 
-    def __init__(self, endpoint: str, infra_image: str, node_ip: str, pod_pids_limit: int) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        infra_image: str,
+        node_ip: str,
+        pod_pids_limit: int,
+        root_dir: Path | None = None,
+    ) -> None:
         self._client = DockerClient(endpoint)
+        self._root_dir = root_dir or Path("/var/lib/kubelet")  # Localhost seccomp profiles
         self._endpoint = endpoint
         self._infra_image = infra_image
         self._node_ip = node_ip
@@ -411,17 +427,43 @@ class DockerEngine:
         body = container_body(
             pod, sandbox_id, config, podman=self._podman, pids_limit=self._pids_limit
         )
-        return CreateRequest(container_name(config.name, pod, config.attempt), body)
+        return CreateRequest(
+            container_name(config.name, pod, config.attempt),
+            body,
+            verify_non_root=config.run_as_non_root and config.run_as_user is None,
+            seccomp_file=seccomp_file(config, self._root_dir),
+        )
 
     async def create_container(
         self, pod: Pod, sandbox: SandboxEntry, request: CreateRequest
     ) -> str:
+        if request.verify_non_root:
+            await self._verify_non_root(pod, request)
+        body = request.body
+        if request.seccomp_file is not None:
+            profile = await asyncio.to_thread(read_seccomp, request.seccomp_file, self._podman)
+            host_config = dict(body["HostConfig"])
+            host_config["SecurityOpt"] = [*host_config.get("SecurityOpt", []), profile]
+            body = {**body, "HostConfig": host_config}
         try:
-            return await self._create(request.name, request.body)
+            return await self._create(request.name, body)
         except EngineError as e:  # an unreachable engine is a RuntimeFailure already
             if e.conflict:
                 raise NameInUse([request.name], e.message) from e
             raise StartError("CreateContainerError", e.message) from e
+
+    async def _verify_non_root(self, pod: Pod, request: CreateRequest) -> None:
+        """As the kubelet before a create: the image's user must not be root."""
+        image = str(request.body["Image"])
+        try:
+            inspect = await self._client.json("GET", f"images/{image}/json")
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot inspect image {image}: {e}") from e
+        uid, username = image_user(image_user_of(inspect))
+        name = str(request.body["Labels"][LABEL_CONTAINER_NAME])
+        why = verify_run_as_non_root(pod, name, uid, username)
+        if why is not None:
+            raise StartError("CreateContainerConfigError", why)
 
     async def start_container(self, id: str, config: ContainerConfig) -> None:
         try:

@@ -27,9 +27,10 @@ class DockerRuntime(SandboxRuntime[CreateRequest]):
         node_ip: str = "127.0.0.1",
         pod_pids_limit: int = -1,
     ) -> None:
-        # root_dir: accepted as every runtime is, unused: the engine's labels are the state.
+        # root_dir: only for Localhost seccomp profiles (<root-dir>/seccomp); the engine's
+        # labels are the state.
         self.endpoint = normalize_endpoint(endpoint)
         self.node_ip = node_ip
         super().__init__(
-            DockerEngine(self.endpoint, infra_image, node_ip, pod_pids_limit), infra_image
+            DockerEngine(self.endpoint, infra_image, node_ip, pod_pids_limit, root_dir), infra_image
         )

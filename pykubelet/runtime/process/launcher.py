@@ -11,9 +11,13 @@ CONFIG_FD holds the instructions as JSON (a memfd, read once):
     {"cgroups": [".../cgroup.procs", ...], "mounts": [{"source", "target", "read_only"}],
      "read_only_root": bool, "pods_dir": str|null, "uid": int|null, "gid": int|null,
      "groups": [int]|null, "cwd": str, "argv": [str, ...], "env": {str: str},
-     "home_of_user": bool, "tty": bool}
+     "home_of_user": bool, "tty": bool, "no_new_privs": bool, "capabilities": [int]|null}
 ("home_of_user": HOME becomes the user's home from /etc/passwd, or /, as runc sets it. "tty": the
-container's stdin is a terminal, made its controlling terminal first, as below for --exec.)
+container's stdin is a terminal, made its controlling terminal first, as below for --exec.
+"no_new_privs": allowPrivilegeEscalation false. "capabilities": the capability numbers the
+process keeps, as runc applies a container's set: every other one leaves the bounding set before
+the user changes, and these are its effective, permitted, inheritable and (for a user that is
+not root) ambient set after.)
 In that order, the launcher joins the cgroups (before anything is forked, so nothing escapes
 them), enters a private mount namespace with the binds, drops to the user and execs. Any failure
 before the exec is written to ERROR_FD as one JSON object {"stage", "errno", "message"} and the
@@ -60,6 +64,12 @@ MS_PRIVATE = 1 << 18
 MS_RELATIME = 1 << 21
 MNT_DETACH = 2
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_KEEPCAPS = 8
+PR_CAPBSET_DROP = 24
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 # mount_setattr(2), Linux >= 5.12: one call for a whole tree of mounts.
 SYS_MOUNT_SETATTR = 442
 MOUNT_ATTR_RDONLY = 1
@@ -422,6 +432,40 @@ def _primary_gid(uid: int) -> int:
         return 0  # as runc: a uid with no passwd entry runs with gid 0
 
 
+def _prctl(stage: str, what: str, *args: int) -> None:
+    values = [*args, 0, 0, 0, 0][:5]
+    _check(_libc().prctl(*(ctypes.c_ulong(v) for v in values)), stage, what)
+
+
+def drop_bounding(keep: list[int]) -> None:
+    """Every capability not in `keep` leaves the bounding set (needs CAP_SETPCAP: before the
+    user changes)."""
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())  # noqa: SIM115 - one read
+    for cap in range(last + 1):
+        if cap not in keep:
+            _prctl("capabilities", f"cannot drop capability {cap}", PR_CAPBSET_DROP, cap)
+
+
+def set_capabilities(keep: list[int], ambient: bool) -> None:
+    """The process's effective, permitted and inheritable sets become `keep` (capset), and its
+    ambient set too when `ambient` (a user that is not root keeps them across the exec)."""
+    low = sum(1 << c for c in keep if c < 32)
+    high = sum(1 << (c - 32) for c in keep if c >= 32)
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)(low, low, low, high, high, high)
+    libc = _libc()
+    number = SYS_CAPSET.get(os.uname().machine)
+    if number is None:
+        raise LaunchError("capabilities", f"capset: unknown system call on {os.uname().machine}")
+    if libc.syscall(ctypes.c_long(number), header, data) != 0:
+        err = ctypes.get_errno()
+        raise LaunchError("capabilities", f"cannot set capabilities: {os.strerror(err)}", err)
+    if ambient:
+        for cap in keep:
+            _prctl("capabilities", f"cannot raise ambient capability {cap}", PR_CAP_AMBIENT,
+                   PR_CAP_AMBIENT_RAISE, cap)  # fmt: skip
+
+
 def switch_user(
     uid: int | None, gid: int | None, groups: list[int] | None, cwd: str
 ) -> OSError | None:
@@ -490,9 +534,17 @@ def launch(config: dict[str, Any], error_fd: int | None) -> None:
             config.get("pods_dir"),
         )
     cwd = str(config["cwd"])
+    keep = config.get("capabilities")
+    if keep is not None:
+        drop_bounding([int(c) for c in keep])
+        _prctl("capabilities", "cannot keep capabilities", PR_SET_KEEPCAPS, 1)
     err = switch_user(config.get("uid"), config.get("gid"), config.get("groups"), cwd)
     if err is not None:
         raise LaunchError("chdir", f"cannot enter {cwd}: {err.strerror}", err.errno)
+    if keep is not None:
+        set_capabilities([int(c) for c in keep], ambient=os.getuid() != 0)
+    if config.get("no_new_privs"):
+        _prctl("no_new_privs", "cannot set no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
     argv = [str(a) for a in config["argv"]]
     env = {str(k): str(v) for k, v in config["env"].items()}
     uid = config.get("uid")

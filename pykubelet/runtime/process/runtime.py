@@ -74,6 +74,7 @@ from pykubelet.runtime.process.records import (
     SandboxRecord,
     check_component,
 )
+from pykubelet.runtime.process.security import check_container, check_pod
 from pykubelet.runtime.process.spawn import (
     ExecPlan,
     Stdio,
@@ -455,6 +456,8 @@ class ProcessRuntime:
                 "the process runtime needs command or args: there is no image entrypoint "
                 f"(image {config.image} is not pulled)",
             )
+        check_pod(pod)
+        check_container(pod, config)
         # Under the pod's lock, so that a remove_pod running meanwhile cannot miss the process.
         async with self._pod_lock(pod.uid):
             return await self._start_locked(pod, sandbox, config, argv)

@@ -42,6 +42,7 @@ from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFa
 from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.hostexec import run_command
 from pykubelet.runtime.process.processes import kill_group, proc_start_time, reap
+from pykubelet.runtime.process.security import kept_capabilities
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER = Path(__file__).with_name("launcher.py")
@@ -172,10 +173,14 @@ def launch_config(
         # The pod's own resolver (dnsPolicy, dnsConfig), bound over the node's.
         binds.append(Mount(config.resolv_conf, "/etc/resolv.conf"))
     mounts = bool(binds) or config.read_only_root_filesystem
+    restricted = (
+        config.no_new_privileges or bool(config.capabilities_add) or bool(config.capabilities_drop)
+    )
     # A terminal becomes the controlling terminal in the launcher (Popen has no safe way).
-    if not (identity or mounts or cgroups or config.tty):
+    if not (identity or mounts or cgroups or config.tty or restricted):
         return None
     caps = effective_capabilities()
+    keep = kept_capabilities(config, caps)
     if mounts and not caps >> CAP_SYS_ADMIN & 1:
         raise StartError(
             "CreateContainerConfigError",
@@ -205,6 +210,8 @@ def launch_config(
         "env": env,
         "home_of_user": not any(name == "HOME" for name, _ in config.env),
         "tty": config.tty,
+        "no_new_privs": config.no_new_privileges,
+        "capabilities": keep,
     }
 
 

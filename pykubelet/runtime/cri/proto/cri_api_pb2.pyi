@@ -154,21 +154,47 @@ class Int64Value(_message.Message):
     value: int
     def __init__(self, value: _Optional[int] = ...) -> None: ...
 
+class Capability(_message.Message):
+    __slots__ = ("add_capabilities", "drop_capabilities")
+    ADD_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    DROP_CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    add_capabilities: _containers.RepeatedScalarFieldContainer[str]
+    drop_capabilities: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, add_capabilities: _Optional[_Iterable[str]] = ..., drop_capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SecurityProfile(_message.Message):
+    __slots__ = ("profile_type", "localhost_ref")
+    class ProfileType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        RuntimeDefault: _ClassVar[SecurityProfile.ProfileType]
+        Unconfined: _ClassVar[SecurityProfile.ProfileType]
+        Localhost: _ClassVar[SecurityProfile.ProfileType]
+    RuntimeDefault: SecurityProfile.ProfileType
+    Unconfined: SecurityProfile.ProfileType
+    Localhost: SecurityProfile.ProfileType
+    PROFILE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    LOCALHOST_REF_FIELD_NUMBER: _ClassVar[int]
+    profile_type: SecurityProfile.ProfileType
+    localhost_ref: str
+    def __init__(self, profile_type: _Optional[_Union[SecurityProfile.ProfileType, str]] = ..., localhost_ref: _Optional[str] = ...) -> None: ...
+
 class LinuxSandboxSecurityContext(_message.Message):
-    __slots__ = ("namespace_options", "run_as_user", "readonly_rootfs", "supplemental_groups", "privileged", "run_as_group")
+    __slots__ = ("namespace_options", "run_as_user", "readonly_rootfs", "supplemental_groups", "privileged", "run_as_group", "seccomp")
     NAMESPACE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RUN_AS_USER_FIELD_NUMBER: _ClassVar[int]
     READONLY_ROOTFS_FIELD_NUMBER: _ClassVar[int]
     SUPPLEMENTAL_GROUPS_FIELD_NUMBER: _ClassVar[int]
     PRIVILEGED_FIELD_NUMBER: _ClassVar[int]
     RUN_AS_GROUP_FIELD_NUMBER: _ClassVar[int]
+    SECCOMP_FIELD_NUMBER: _ClassVar[int]
     namespace_options: NamespaceOption
     run_as_user: Int64Value
     readonly_rootfs: bool
     supplemental_groups: _containers.RepeatedScalarFieldContainer[int]
     privileged: bool
     run_as_group: Int64Value
-    def __init__(self, namespace_options: _Optional[_Union[NamespaceOption, _Mapping]] = ..., run_as_user: _Optional[_Union[Int64Value, _Mapping]] = ..., readonly_rootfs: _Optional[bool] = ..., supplemental_groups: _Optional[_Iterable[int]] = ..., privileged: _Optional[bool] = ..., run_as_group: _Optional[_Union[Int64Value, _Mapping]] = ...) -> None: ...
+    seccomp: SecurityProfile
+    def __init__(self, namespace_options: _Optional[_Union[NamespaceOption, _Mapping]] = ..., run_as_user: _Optional[_Union[Int64Value, _Mapping]] = ..., readonly_rootfs: _Optional[bool] = ..., supplemental_groups: _Optional[_Iterable[int]] = ..., privileged: _Optional[bool] = ..., run_as_group: _Optional[_Union[Int64Value, _Mapping]] = ..., seccomp: _Optional[_Union[SecurityProfile, _Mapping]] = ...) -> None: ...
 
 class LinuxPodSandboxConfig(_message.Message):
     __slots__ = ("cgroup_parent", "security_context", "sysctls")
@@ -472,7 +498,8 @@ class LinuxContainerResources(_message.Message):
     def __init__(self, cpu_period: _Optional[int] = ..., cpu_quota: _Optional[int] = ..., cpu_shares: _Optional[int] = ..., memory_limit_in_bytes: _Optional[int] = ..., oom_score_adj: _Optional[int] = ..., cpuset_cpus: _Optional[str] = ..., cpuset_mems: _Optional[str] = ..., unified: _Optional[_Mapping[str, str]] = ..., memory_swap_limit_in_bytes: _Optional[int] = ...) -> None: ...
 
 class LinuxContainerSecurityContext(_message.Message):
-    __slots__ = ("privileged", "namespace_options", "run_as_user", "run_as_username", "readonly_rootfs", "supplemental_groups", "no_new_privs", "run_as_group")
+    __slots__ = ("capabilities", "privileged", "namespace_options", "run_as_user", "run_as_username", "readonly_rootfs", "supplemental_groups", "no_new_privs", "run_as_group", "masked_paths", "readonly_paths", "seccomp")
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     PRIVILEGED_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RUN_AS_USER_FIELD_NUMBER: _ClassVar[int]
@@ -481,6 +508,10 @@ class LinuxContainerSecurityContext(_message.Message):
     SUPPLEMENTAL_GROUPS_FIELD_NUMBER: _ClassVar[int]
     NO_NEW_PRIVS_FIELD_NUMBER: _ClassVar[int]
     RUN_AS_GROUP_FIELD_NUMBER: _ClassVar[int]
+    MASKED_PATHS_FIELD_NUMBER: _ClassVar[int]
+    READONLY_PATHS_FIELD_NUMBER: _ClassVar[int]
+    SECCOMP_FIELD_NUMBER: _ClassVar[int]
+    capabilities: Capability
     privileged: bool
     namespace_options: NamespaceOption
     run_as_user: Int64Value
@@ -489,7 +520,10 @@ class LinuxContainerSecurityContext(_message.Message):
     supplemental_groups: _containers.RepeatedScalarFieldContainer[int]
     no_new_privs: bool
     run_as_group: Int64Value
-    def __init__(self, privileged: _Optional[bool] = ..., namespace_options: _Optional[_Union[NamespaceOption, _Mapping]] = ..., run_as_user: _Optional[_Union[Int64Value, _Mapping]] = ..., run_as_username: _Optional[str] = ..., readonly_rootfs: _Optional[bool] = ..., supplemental_groups: _Optional[_Iterable[int]] = ..., no_new_privs: _Optional[bool] = ..., run_as_group: _Optional[_Union[Int64Value, _Mapping]] = ...) -> None: ...
+    masked_paths: _containers.RepeatedScalarFieldContainer[str]
+    readonly_paths: _containers.RepeatedScalarFieldContainer[str]
+    seccomp: SecurityProfile
+    def __init__(self, capabilities: _Optional[_Union[Capability, _Mapping]] = ..., privileged: _Optional[bool] = ..., namespace_options: _Optional[_Union[NamespaceOption, _Mapping]] = ..., run_as_user: _Optional[_Union[Int64Value, _Mapping]] = ..., run_as_username: _Optional[str] = ..., readonly_rootfs: _Optional[bool] = ..., supplemental_groups: _Optional[_Iterable[int]] = ..., no_new_privs: _Optional[bool] = ..., run_as_group: _Optional[_Union[Int64Value, _Mapping]] = ..., masked_paths: _Optional[_Iterable[str]] = ..., readonly_paths: _Optional[_Iterable[str]] = ..., seccomp: _Optional[_Union[SecurityProfile, _Mapping]] = ...) -> None: ...
 
 class LinuxContainerConfig(_message.Message):
     __slots__ = ("resources", "security_context")
@@ -808,16 +842,20 @@ class AttachResponse(_message.Message):
     def __init__(self, url: _Optional[str] = ...) -> None: ...
 
 class Image(_message.Message):
-    __slots__ = ("id", "repo_tags", "repo_digests", "size")
+    __slots__ = ("id", "repo_tags", "repo_digests", "size", "uid", "username")
     ID_FIELD_NUMBER: _ClassVar[int]
     REPO_TAGS_FIELD_NUMBER: _ClassVar[int]
     REPO_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    USERNAME_FIELD_NUMBER: _ClassVar[int]
     id: str
     repo_tags: _containers.RepeatedScalarFieldContainer[str]
     repo_digests: _containers.RepeatedScalarFieldContainer[str]
     size: int
-    def __init__(self, id: _Optional[str] = ..., repo_tags: _Optional[_Iterable[str]] = ..., repo_digests: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ...) -> None: ...
+    uid: Int64Value
+    username: str
+    def __init__(self, id: _Optional[str] = ..., repo_tags: _Optional[_Iterable[str]] = ..., repo_digests: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., uid: _Optional[_Union[Int64Value, _Mapping]] = ..., username: _Optional[str] = ...) -> None: ...
 
 class ImageFilter(_message.Message):
     __slots__ = ("image",)
