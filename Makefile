@@ -62,7 +62,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis build pykubelet.egg-info
 
 # The agent as a systemd service (README, "Running as a service"): a virtualenv under PREFIX,
 # pykubelet.service with its drop-in in the kubelet's style, the environment file and the
