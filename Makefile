@@ -62,4 +62,48 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .run .mypy_cache .ruff_cache .pytest_cache .hypothesis build pykubelet.egg-info
+
+# The agent as a systemd service (README, "Running as a service"): a virtualenv under PREFIX,
+# pykubelet.service with its drop-in in the kubelet's style, the environment file and the
+# config file (those two only if absent: they are the operator's). DESTDIR stages it all under
+# another root (packaging, tests); the virtualenv's scripts still name PREFIX.
+PREFIX ?= /opt/pykubelet
+DESTDIR ?=
+UNIT_DIR ?= /etc/systemd/system
+STATE_DIR ?= /var/lib/pykubelet
+UNIT := $(DESTDIR)$(UNIT_DIR)/pykubelet.service
+DROPIN := $(DESTDIR)$(UNIT_DIR)/pykubelet.service.d/10-pykubelet.conf
+
+.PHONY: install uninstall
+
+install:
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || scripts/install-debian-packages python3-venv
+	$(PYTHON) -m venv --clear $(DESTDIR)$(PREFIX)
+	$(DESTDIR)$(PREFIX)/bin/pip install --quiet --disable-pip-version-check .
+	@if [ -n "$(DESTDIR)" ]; then \
+		grep -rlI -- '$(DESTDIR)$(PREFIX)' $(DESTDIR)$(PREFIX)/bin | \
+			xargs -r sed -i 's|$(DESTDIR)$(PREFIX)|$(PREFIX)|g'; \
+	fi
+	install -D -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/pykubelet/README.md
+	install -d -m 755 $(DESTDIR)$(UNIT_DIR)/pykubelet.service.d
+	sed 's|@PREFIX@|$(PREFIX)|g' packaging/pykubelet.service > $(UNIT)
+	sed 's|@PREFIX@|$(PREFIX)|g' packaging/10-pykubelet.conf > $(DROPIN)
+	chmod 644 $(UNIT) $(DROPIN)
+	install -d -m 700 $(DESTDIR)$(STATE_DIR)
+	install -d -m 755 $(DESTDIR)/etc/kubernetes/manifests
+	[ -e $(DESTDIR)$(STATE_DIR)/config.yaml ] || \
+		install -m 644 packaging/config.yaml $(DESTDIR)$(STATE_DIR)/config.yaml
+	[ -e $(DESTDIR)/etc/default/pykubelet ] || \
+		install -D -m 644 packaging/default $(DESTDIR)/etc/default/pykubelet
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "pykubelet installed in $(PREFIX); start it with: systemctl enable --now pykubelet"
+
+# The operator's files (/etc/default/pykubelet, $(STATE_DIR) with the pods' state) are kept.
+uninstall:
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
+		systemctl disable --now pykubelet.service || true; fi
+	rm -f $(UNIT) $(DROPIN)
+	-rmdir $(DESTDIR)$(UNIT_DIR)/pykubelet.service.d
+	rm -rf $(DESTDIR)$(PREFIX)
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi

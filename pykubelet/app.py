@@ -28,6 +28,7 @@ from pykubelet.common.allocatable import (
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.common.machine import MachineFacts, read_machine_facts
 from pykubelet.common.options import DEFAULT_ENDPOINTS, Options
+from pykubelet.common.sdnotify import Notifier
 from pykubelet.config.file import FileSource
 from pykubelet.config.pod_config import PodConfig
 from pykubelet.config.types import API_SOURCE, FILE_SOURCE, HTTP_SOURCE, NotificationMode
@@ -192,10 +193,12 @@ async def run_agent(opts: Options) -> int:
     loop = asyncio.get_running_loop()
     loop.set_default_executor(ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="io"))
     stop = asyncio.Event()
+    notifier = Notifier.from_environment()  # systemd's Type=notify; a no-op without it
 
     def on_signal(sig: signal.Signals) -> None:
         if not stop.is_set():
             log.info("%s: stopping (a second signal exits at once)", sig.name)
+            notifier.stopping("stopping the pods")
             stop.set()
             return
         # The pods that still run keep running; the next agent adopts them.
@@ -248,6 +251,7 @@ async def run_agent(opts: Options) -> int:
         objects=objects,
         facts=facts,
         services=services,
+        on_sync_loop=notifier.watchdog,
     )
     reservation_problems = kubelet.node_resources().problems()
     if reservation_problems:  # as the kubelet's validateNodeAllocatable, which stops its start
@@ -300,6 +304,7 @@ async def run_agent(opts: Options) -> int:
         return 1
     running: list[asyncio.Task[None]] = []
     try:
+        notifier.status(f"starting the {runtime.name} runtime")
         try:
             await runtime.start()
         except RuntimeFailure as exc:
@@ -311,6 +316,7 @@ async def run_agent(opts: Options) -> int:
         if cluster is not None:
             cluster.node.advertise_port(secure.port)
         running = [asyncio.create_task(coro, name=name) for name, coro in tasks]
+        running.append(asyncio.create_task(_notify_ready(notifier, opts, pod_config, runtime.name)))
         await kubelet.run(stop)
     except OSError as exc:
         log.error("cannot start: %s", exc)
@@ -327,8 +333,22 @@ async def run_agent(opts: Options) -> int:
         await runtime.close()
         await server.stop()
         await secure.stop()
+        notifier.close()
     log.info("stopped")
     return 0
+
+
+async def _notify_ready(
+    notifier: Notifier, opts: Options, pod_config: PodConfig, runtime_name: str
+) -> None:
+    """READY=1 once the runtime and the servers are up and the manifest directory has been
+    listed (its watch is armed before its first listing is sent). The API server and a manifest
+    URL are not waited for: like the kubelet, the agent is up while it retries them."""
+    if not notifier.enabled:
+        return
+    if opts.pod_manifest_path is not None:
+        await pod_config.wait_listed(FILE_SOURCE)
+    notifier.ready(f"running: node {opts.node_name}, runtime {runtime_name}")
 
 
 def _sources(opts: Options, pod_config: PodConfig, recorder: EventRecorder) -> list[Task]:

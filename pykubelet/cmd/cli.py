@@ -507,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format",
         choices=logs.FORMATS,
         default="text",
-        help="text (default), logfmt or json: one line per record",
+        help="text (default), logfmt or json: one line per record; journal: systemd journal "
+        "entries (what text becomes when stderr is the journal's stream, $JOURNAL_STREAM)",
     )
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (0-10)")
     p.add_argument("--version", action="version", version=f"pykubelet {__version__}")

@@ -1,14 +1,19 @@
-"""Structured logs: one line per record, as text (for people), logfmt or JSON (for machines)."""
+"""Structured logs: one line per record, as text (for people), logfmt or JSON (for machines), or
+journal entries (`journal.py`): chosen by itself for `text` when stderr is systemd's journal
+stream, so `journalctl -u pykubelet` has each record's priority and fields."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
-FORMATS = ("text", "logfmt", "json")
+from pykubelet.cmd import journal
+
+FORMATS = ("text", "logfmt", "json", "journal")
 # Fields callers attach with `extra={"fields": {...}}` (events carry object, reason, type).
 FIELDS_ATTR = "fields"
 
@@ -62,7 +67,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(_structured(self, record), default=str)
 
 
-def setup(log_format: str, verbosity: int) -> None:
+def make_handler(log_format: str) -> logging.Handler:
+    """`text` under systemd (stderr is $JOURNAL_STREAM) is the journal: the same message, with
+    its priority and fields; logfmt and json stay lines for whatever reads them."""
+    if log_format == "journal" or (log_format == "text" and journal.stderr_is_journal(os.environ)):
+        return journal.JournalHandler()
     formatter: logging.Formatter = {
         "text": TextFormatter,
         "logfmt": LogfmtFormatter,
@@ -70,6 +79,11 @@ def setup(log_format: str, verbosity: int) -> None:
     }[log_format]()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter)
+    return handler
+
+
+def setup(log_format: str, verbosity: int) -> None:
+    handler = make_handler(log_format)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     # As klog's -v: 0-3 informational, 4 and up debug.

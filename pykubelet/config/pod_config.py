@@ -350,6 +350,7 @@ class PodConfig:
     ) -> None:
         self.storage = PodStorage(mode, clock, recorder)
         self.updates: asyncio.Queue[PodUpdate] = asyncio.Queue()
+        self._listed: dict[str, asyncio.Event] = {}
 
     def channel(self, source: str) -> Callable[[PodUpdate], None]:
         """Register `source` and return the function it sends its updates to."""
@@ -361,8 +362,17 @@ class PodConfig:
                 update = dataclasses.replace(update, source=source)
             for merged in self.storage.merge(update):
                 self.updates.put_nowait(merged)
+            listed = self._listed.get(source)
+            if listed is not None and not listed.is_set() and update.op is Op.SET:
+                listed.set()
 
         return send
+
+    async def wait_listed(self, source: str) -> None:
+        """Until `source` has sent its first whole state (a SET)."""
+        if source in self.storage.seen_sources():
+            return
+        await self._listed.setdefault(source, asyncio.Event()).wait()
 
     def all_sources_ready(self) -> bool:
         return self.storage.all_sources_ready()

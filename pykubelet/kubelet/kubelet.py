@@ -84,8 +84,12 @@ class Kubelet:
         objects: ObjectLookup,
         facts: MachineFacts,
         services: ServiceEnv | None = None,
+        on_sync_loop: Callable[[], None] | None = None,
     ) -> None:
+        """`on_sync_loop` is called at each turn of the sync loop (the service manager's
+        watchdog: a loop that stops turning gets the agent restarted)."""
         self.options = options
+        self._on_sync_loop = on_sync_loop
         self.node_name = options.node_name
         self.runtime = runtime
         self.host_ip = host_ip
@@ -257,6 +261,8 @@ class Kubelet:
         try:
             while True:
                 self._last_loop_at = time.monotonic()
+                if self._on_sync_loop is not None:
+                    self._on_sync_loop()
                 timeout = max(0.0, min(next_sync, next_housekeeping) - loop.time())
                 done, _ = await asyncio.wait(
                     {config_get, pleg_get, probe_get, stopped},

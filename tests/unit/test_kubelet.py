@@ -9,6 +9,7 @@ the clock the health checks read is moved on.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pykubelet.common.allocatable import float32
 from pykubelet.common.events import Event, EventRecorder, ObjectRef
 from pykubelet.common.machine import MachineFacts
 from pykubelet.common.options import Options
+from pykubelet.common.sdnotify import Notifier
 from pykubelet.config.pod_config import PodConfig
 from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE, NotificationMode, Op, PodUpdate
 from pykubelet.kubelet import kubelet as kubelet_module
@@ -192,6 +194,7 @@ async def make_node(tmp_path: Path) -> AsyncIterator[NodeFactory]:
         runtime: FakeRuntime | None = None,
         facts: MachineFacts = FACTS,
         sources: tuple[str, ...] = (),
+        on_sync_loop: Callable[[], None] | None = None,
         **options: Any,
     ) -> Node:
         options.setdefault("node_name", "node-1")
@@ -214,6 +217,7 @@ async def make_node(tmp_path: Path) -> AsyncIterator[NodeFactory]:
             statuses=statuses,
             objects=NoApiServer(),
             facts=facts,
+            on_sync_loop=on_sync_loop,
         )
         files = pod_config.channel(FILE_SOURCE)
         others = {name: pod_config.channel(name) for name in sources}
@@ -604,6 +608,44 @@ async def test_housekeeping_failures_do_not_end_the_sync_loop(
 
 
 # --- health -------------------------------------------------------------------------------------
+
+
+async def test_the_watchdog_is_fed_by_the_sync_loop_and_starves_while_it_is_stuck(
+    make_node: NodeFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(kubelet_module, "HOUSEKEEPING_PERIOD", 0.01)
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(str(tmp_path / "notify"))
+    manager.setblocking(False)
+    pings: list[bytes] = []
+
+    def received() -> int:
+        try:
+            while True:
+                pings.append(manager.recv(64))
+        except BlockingIOError:
+            return len(pings)
+
+    notifier = Notifier(str(tmp_path / "notify"), watchdog_every=0.0)  # at every turn
+    try:
+        node = await make_node(on_sync_loop=notifier.watchdog)
+        node.set_pods()  # sources ready: housekeeping runs in the loop
+        await eventually("the loop feeding the watchdog", lambda: received() >= 3)
+        assert set(pings) == {b"WATCHDOG=1"}
+
+        # The runtime stops answering: housekeeping hangs, and with it the sync loop.
+        calls = len(node.runtime.ops("list_pods"))
+        node.runtime.hang("list_pods")
+        await eventually("both hung", lambda: len(node.runtime.ops("list_pods")) >= calls + 2)
+        before = received()
+        await asyncio.sleep(0.3)
+        assert received() == before  # systemd would kill and restart the agent
+
+        node.runtime.release("list_pods")
+        await eventually("fed again", lambda: received() > before)
+    finally:
+        notifier.close()
+        manager.close()
 
 
 class Clock:

@@ -818,3 +818,14 @@ TestMergerMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+async def test_wait_listed_returns_once_the_source_sent_its_whole_state() -> None:
+    config = PodConfig()
+    push = config.channel(FILE_SOURCE)
+    waiter = asyncio.create_task(config.wait_listed(FILE_SOURCE))
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    push(PodUpdate([], Op.SET, FILE_SOURCE))  # an empty directory listed is a state too
+    await asyncio.wait_for(waiter, 5)
+    await asyncio.wait_for(config.wait_listed(FILE_SOURCE), 5)  # already listed: at once
