@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from pykubelet.api.decode import format_path
+from pykubelet.api.quantity import to_bytes
 from pykubelet.cmd import node_resources
 from pykubelet.common.options import parse_duration
 
@@ -27,7 +28,7 @@ NOT_SUPPORTED = frozenset(
     {
         "cgroupDriver", "cgroupRoot",
         "healthzPort", "healthzBindAddress", "evictionSoft", "featureGates",
-        "imageGCHighThresholdPercent", "imageGCLowThresholdPercent", "serializeImagePulls",
+        "serializeImagePulls",
         "registerNode",
         "nodeStatusUpdateFrequency", "nodeLeaseDurationSeconds", "shutdownGracePeriod",
         "memorySwap", "cpuManagerPolicy",
@@ -124,6 +125,23 @@ class KubeletConfiguration(_Model):
     enforce_node_allocatable: list[str] | None = None
     system_reserved_cgroup: str | None = None
     kube_reserved_cgroup: str | None = None
+    image_gc_high_threshold_percent: int | None = Field(
+        default=None, alias="imageGCHighThresholdPercent"
+    )
+    image_gc_low_threshold_percent: int | None = Field(
+        default=None, alias="imageGCLowThresholdPercent"
+    )
+    image_minimum_gc_age: str | None = Field(default=None, alias="imageMinimumGCAge")
+    container_log_max_size: str | None = None
+    container_log_max_files: int | None = None
+    container_log_monitor_interval: str | None = None
+
+    @field_validator("container_log_max_size")
+    @classmethod
+    def _size(cls, value: str | None) -> str | None:
+        if value is not None:
+            to_bytes(value)  # raises QuantityError (a ValueError) saying why
+        return value
 
     @field_validator("kube_reserved", "system_reserved")
     @classmethod
@@ -144,6 +162,8 @@ class KubeletConfiguration(_Model):
         "http_check_frequency",
         "sync_frequency",
         "streaming_connection_idle_timeout",
+        "image_minimum_gc_age",
+        "container_log_monitor_interval",
     )
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
@@ -210,6 +230,12 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "enforce_node_allocatable": ("enforce_node_allocatable", list),
         "system_reserved_cgroup": ("system_reserved_cgroup", str),
         "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
+        "image_gc_high_threshold_percent": ("image_gc_high_threshold", int),
+        "image_gc_low_threshold_percent": ("image_gc_low_threshold", int),
+        "image_minimum_gc_age": ("image_minimum_gc_age", parse_duration),
+        "container_log_max_size": ("container_log_max_size", to_bytes),
+        "container_log_max_files": ("container_log_max_files", int),
+        "container_log_monitor_interval": ("container_log_monitor_interval", parse_duration),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)

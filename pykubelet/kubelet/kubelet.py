@@ -36,6 +36,8 @@ from pykubelet.kubelet.admission import (
     admit,
     pod_requests,
 )
+from pykubelet.kubelet.container_gc import ContainerGC, ContainerGCPolicy
+from pykubelet.kubelet.container_gc import run_periodically as run_container_gc
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
@@ -157,7 +159,17 @@ class Kubelet:
             recorder,
             is_rejected=self._rejected.__contains__,
         )
+        self._container_gc = ContainerGC(
+            runtime,
+            ContainerGCPolicy(
+                min_age=options.minimum_container_ttl_duration,
+                max_per_pod_container=options.maximum_dead_containers_per_container,
+                max_containers=options.maximum_dead_containers,
+            ),
+            is_wanted=lambda uid: uid in self._pods or self._workers.is_known(uid),
+        )
         self._pleg_task: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._last_loop_at = 0.0
 
     # --- what others read ---------------------------------------------------------------------
@@ -226,10 +238,18 @@ class Kubelet:
     async def run(self, stop: asyncio.Event) -> None:
         """The PLEG and the sync loop, until `stop` is set; then `shutdown()` stops the pods."""
         self._pleg_task = asyncio.create_task(self._pleg.run(), name="pleg")
+        ready = self.pod_config.all_sources_ready
+        self._background = [
+            asyncio.create_task(
+                run_container_gc(self._container_gc, self.options.container_gc_period, ready, stop),
+                name="container-gc",
+            ),
+        ]
         await self._sync_loop(stop)
 
     async def shutdown(self) -> None:
         tasks = [self._pleg_task] if self._pleg_task is not None else []
+        tasks += self._background
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
