@@ -39,6 +39,8 @@ from pykubelet.kubelet.admission import (
 from pykubelet.kubelet.container_gc import ContainerGC, ContainerGCPolicy
 from pykubelet.kubelet.container_gc import run_periodically as run_container_gc
 from pykubelet.kubelet.housekeeping import Housekeeping
+from pykubelet.kubelet.image_gc import ImageGC, ImageGCPolicy
+from pykubelet.kubelet.image_gc import run_periodically as run_image_gc
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
 from pykubelet.pod.dns import ClusterSettings
@@ -168,6 +170,16 @@ class Kubelet:
             ),
             is_wanted=lambda uid: uid in self._pods or self._workers.is_known(uid),
         )
+        self._image_gc = ImageGC(
+            runtime.image_service(),
+            ImageGCPolicy(
+                high_threshold_percent=options.image_gc_high_threshold,
+                low_threshold_percent=options.image_gc_low_threshold,
+                min_age=options.image_minimum_gc_age,
+            ),
+            recorder,
+            ObjectRef.node(options.node_name),
+        )
         self._pleg_task: asyncio.Task[None] | None = None
         self._background: list[asyncio.Task[None]] = []
         self._last_loop_at = 0.0
@@ -243,6 +255,9 @@ class Kubelet:
             asyncio.create_task(
                 run_container_gc(self._container_gc, self.options.container_gc_period, ready, stop),
                 name="container-gc",
+            ),
+            asyncio.create_task(
+                run_image_gc(self._image_gc, self.options.image_gc_period, stop), name="image-gc"
             ),
         ]
         await self._sync_loop(stop)

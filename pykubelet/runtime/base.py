@@ -388,8 +388,44 @@ class ExecStream(Protocol):
         """Kill it if it still runs and release what it holds; safe to call twice."""
 
 
+@dataclass(frozen=True)
+class RuntimeImage:
+    """One image the engine holds, as image GC sees it."""
+
+    id: str
+    tags: tuple[str, ...]
+    size: int  # bytes
+    # A container of the engine uses it (running or not, the agent's or another's), or the
+    # engine keeps it whatever happens (the pod infra image, the CRI's pinned images).
+    in_use: bool
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class ImageFsUsage:
+    """The file system the engine keeps its images on."""
+
+    path: str
+    capacity_bytes: int
+    available_bytes: int
+
+
+class ImageService(Protocol):
+    """The engine's images (the CRI's ImageService, the Docker API's /images), for image GC."""
+
+    async def list_images(self) -> list[RuntimeImage]: ...
+
+    async def remove_image(self, image: RuntimeImage) -> None:
+        """Remove it (every tag of it); RuntimeFailure saying why it could not be."""
+
+    async def image_fs_usage(self) -> ImageFsUsage: ...
+
+
 class Runtime(Protocol):
     name: str
+
+    def image_service(self) -> ImageService | None:
+        """The engine's images; None: the backend has no images (the process runtime)."""
 
     async def start(self) -> None:
         """Connect, and load what is already running (adoption after a restart)."""

@@ -14,6 +14,7 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ExecResult,
     ExecStream,
+    ImageService,
     LogTimes,
     Runtime,
     RuntimeContainer,
@@ -40,6 +41,9 @@ class InstrumentedRuntime:
         except Exception:
             metrics.runtime_operation_errors.labels(operation).inc()
             raise
+
+    def image_service(self) -> ImageService | None:
+        return self.inner.image_service()
 
     async def start(self) -> None:
         await self._count("start", self.inner.start)

@@ -539,6 +539,9 @@ class FakeRuntime:
 
     # --- the Runtime protocol -----------------------------------------------------------------
 
+    def image_service(self) -> None:
+        return None  # image GC has its own in-memory engine in its tests
+
     async def start(self) -> None:
         await self._enter("start")
         self.started = True

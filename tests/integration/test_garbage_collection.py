@@ -4,12 +4,23 @@ agent's /containerLogs."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.integration.agent import (
+    LABEL_POD_NAME,
     LABEL_POD_UID,
     LABEL_TYPE,
+    NODE,
     Agent,
     Backend,
     CriEngine,
@@ -54,3 +65,113 @@ def test_dead_containers_beyond_the_last_one_are_collected(
     )
     assert len(remaining) <= 2, remaining
     assert wait_for("a log", lambda: agent.logs("crash", "main")) == "run\n"
+
+
+EXTRA = "localhost/gc-extra:test"
+DOCKER = pytest.param("docker", marks=pytest.mark.docker)
+REMOTE = pytest.param("remote", marks=pytest.mark.cri)
+
+
+def _tiny_archive(out: Path) -> None:
+    """A Docker archive of an image of one small file, not busybox's (another image id)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        data = os.urandom(4096)
+        info = tarfile.TarInfo("gc-extra")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    layer_bytes = layer.getvalue()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Env": ["PATH=/bin"]},
+            "rootfs": {
+                "type": "layers",
+                "diff_ids": ["sha256:" + hashlib.sha256(layer_bytes).hexdigest()],
+            },
+        }
+    ).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [EXTRA], "Layers": ["l.tar"]}])
+    with tarfile.open(out, "w") as t:
+        for name, data in (
+            ("l.tar", layer_bytes),
+            (config_name, config),
+            ("manifest.json", manifest.encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+
+
+def add_unused_image(backend: Backend, tmp_path: Path, pod_name: str) -> None:
+    """An image no container uses: on docker the pod's container committed (a new image id),
+    on the CRI an archive imported with containerd's own `ctr`."""
+    engine = backend.engine
+    if isinstance(engine, Engine):
+        rows = engine.containers(**{LABEL_POD_NAME: f"{pod_name}-{NODE}"})
+        cid = next(r["Id"] for r in rows if r["Labels"][LABEL_TYPE] != "podsandbox")
+        engine.request(
+            "POST",
+            "commit",
+            {"container": cid, "repo": "localhost/gc-extra", "tag": "test"},
+            body={},
+        )
+        return
+    assert isinstance(engine, CriEngine)
+    archive = tmp_path / "extra.tar"
+    _tiny_archive(archive)
+    address = engine.endpoint.removeprefix("unix://")
+    subprocess.run(
+        ["ctr", "--address", address, "--namespace", "k8s.io", "images", "import", str(archive)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def image_names(backend: Backend) -> set[str]:
+    engine = backend.engine
+    if isinstance(engine, Engine):
+        return {
+            t
+            for row in engine.request("GET", "images/json") or []
+            for t in row.get("RepoTags") or []
+        }
+    assert isinstance(engine, CriEngine)
+    api = engine.api
+    reply: Any = engine.call(
+        "ListImages", api.ListImagesRequest(), api.ListImagesResponse, service="ImageService"
+    )
+    return {t for image in reply.images for t in image.repo_tags}
+
+
+@pytest.mark.parametrize("backend", [DOCKER, REMOTE], indirect=True)
+def test_unused_images_are_removed_above_the_high_threshold(
+    start_agent: Callable[..., Agent], manifests: Path, tmp_path: Path, backend: Backend
+) -> None:
+    write_pod(manifests, "busy", pod_yaml("busy", backend.forever()))
+    # The image file system is surely over 1 % used: every pass frees what it can and, short
+    # of 0 %, says it could not free enough.
+    agent = start_agent(
+        *backend.flags,
+        "--image-gc-high-threshold", "1",
+        "--image-gc-low-threshold", "0",
+        "--image-minimum-gc-age", "0s",
+        "--image-gc-period", "1s",
+    )  # fmt: skip
+    wait_for("busy running", lambda: "running" in container_state(agent.pod("busy"))["state"])
+    add_unused_image(backend, tmp_path, "busy")
+    assert EXTRA in image_names(backend)
+    wait_for("the unused image removed", lambda: EXTRA not in image_names(backend))
+    names = image_names(backend)
+    # The image a container uses and the pod infra image stay.
+    assert {"localhost/busybox:test", "localhost/pause:test"} <= names, names
+    events = wait_for(
+        "the events",
+        lambda: [
+            e for e in agent.events() if e["reason"] in ("FreeDiskSpaceFailed", "ImageGCFailed")
+        ],
+    )
+    assert events[0]["involvedObject"]["kind"] == "Node"
+    assert events[0]["message"].startswith("Failed to garbage collect required amount of images.")

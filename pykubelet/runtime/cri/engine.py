@@ -59,6 +59,7 @@ from pykubelet.runtime.cri.convert import (
     sandbox_entry,
     sandbox_state,
 )
+from pykubelet.runtime.cri.images import CriImages
 from pykubelet.runtime.cri.log import CriLogDecoder
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
 from pykubelet.runtime.cri.streamclient import Streams, open_stream
@@ -403,6 +404,9 @@ class CriEngine:
             raise RuntimeFailure(f"cannot remove container {id[:12]}: {e}") from e
 
     # --- images ---------------------------------------------------------------------------------
+
+    def images(self) -> CriImages:
+        return CriImages(self._call, self._infra_image)
 
     async def image_present(self, image: str) -> bool:
         try:

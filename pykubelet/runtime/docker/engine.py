@@ -65,6 +65,7 @@ from pykubelet.runtime.docker.convert import (
     sandbox_body,
     tail_offset,
 )
+from pykubelet.runtime.docker.images import DockerImages
 from pykubelet.runtime.docker.oom import OomWatcher, memory_v1_mount
 from pykubelet.runtime.sandbox.engine import (
     ChangeSink,
@@ -407,6 +408,9 @@ class DockerEngine:
                 raise RuntimeFailure(f"cannot remove container {id[:12]}: {e}") from e
 
     # --- images ---------------------------------------------------------------------------------
+
+    def images(self) -> DockerImages:
+        return DockerImages(self._client, self._infra_image)
 
     async def image_present(self, image: str) -> bool:
         try:

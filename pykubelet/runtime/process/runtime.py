@@ -135,6 +135,10 @@ class ProcessRuntime:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
+    def image_service(self) -> None:
+        """Host processes run the node's own files: there are no images to collect."""
+        return None
+
     async def start(self) -> None:
         if self._loop is not None:
             return

@@ -41,6 +41,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     ExecStream,
+    ImageService,
     LogTimes,
     RegistryAuth,
     RuntimeContainer,
@@ -89,6 +90,9 @@ class SandboxRuntime(Generic[R]):
         self._started = False
         self._watch_task: asyncio.Task[None] | None = None
         self._watching = asyncio.Event()
+
+    def image_service(self) -> ImageService:
+        return self._engine.images()
 
     # --- lifecycle ------------------------------------------------------------------------------
 

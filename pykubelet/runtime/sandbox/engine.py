@@ -31,6 +31,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     ExecStream,
+    ImageService,
     LogTimes,
     RegistryAuth,
     SandboxConfig,
@@ -222,6 +223,10 @@ class Engine(Inspector, Protocol[R]):
     # --- images, exec, logs ---------------------------------------------------------------------
 
     async def image_present(self, image: str) -> bool: ...
+
+    def images(self) -> ImageService:
+        """The engine's images, for image GC."""
+        ...
 
     async def pull_image(self, image: str, auth: RegistryAuth | None) -> None:
         """Pull it, with the registry credential `auth` (None: anonymously); PullError with the
