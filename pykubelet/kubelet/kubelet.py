@@ -41,6 +41,7 @@ from pykubelet.kubelet.container_gc import run_periodically as run_container_gc
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.image_gc import ImageGC, ImageGCPolicy
 from pykubelet.kubelet.image_gc import run_periodically as run_image_gc
+from pykubelet.kubelet.log_rotation import run_periodically as run_log_rotation
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
 from pykubelet.pod.dns import ClusterSettings
@@ -58,7 +59,12 @@ from pykubelet.pod.volumes import ObjectLookup, VolumeManager
 from pykubelet.pod.workers import PodWorkers, UpdateType, WorkerState
 from pykubelet.probes.handlers import ActionRunner
 from pykubelet.probes.prober import ProbeManager
-from pykubelet.runtime.base import ContainerRunState, Runtime, RuntimeContainer
+from pykubelet.runtime.base import (
+    ContainerRunState,
+    LogRotationPolicy,
+    Runtime,
+    RuntimeContainer,
+)
 from pykubelet.status.generate import TERMINAL_PHASES
 from pykubelet.status.manager import StatusManager
 
@@ -258,6 +264,17 @@ class Kubelet:
             ),
             asyncio.create_task(
                 run_image_gc(self._image_gc, self.options.image_gc_period, stop), name="image-gc"
+            ),
+            asyncio.create_task(
+                run_log_rotation(
+                    self.runtime,
+                    LogRotationPolicy(
+                        self.options.container_log_max_size, self.options.container_log_max_files
+                    ),
+                    self.options.container_log_monitor_interval,
+                    stop,
+                ),
+                name="log-rotation",
             ),
         ]
         await self._sync_loop(stop)

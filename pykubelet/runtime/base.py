@@ -389,6 +389,14 @@ class ExecStream(Protocol):
 
 
 @dataclass(frozen=True)
+class LogRotationPolicy:
+    """`--container-log-max-size` and `--container-log-max-files`."""
+
+    max_size: int = 10 * 1024 * 1024
+    max_files: int = 5
+
+
+@dataclass(frozen=True)
 class RuntimeImage:
     """One image the engine holds, as image GC sees it."""
 
@@ -458,6 +466,11 @@ class Runtime(Protocol):
 
     async def remove_pod(self, uid: str) -> None:
         """Stop and remove the sandbox and whatever is left of the pod (containers are stopped)."""
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        """Rotate the log files of running containers that reached the policy's size, where the
+        agent keeps them (see runtime/logrotation.py); the docker runtime's engine rotates its
+        own (its log driver), so it does nothing."""
 
     async def read_log(
         self,

@@ -15,6 +15,7 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     ImageService,
+    LogRotationPolicy,
     LogTimes,
     Runtime,
     RuntimeContainer,
@@ -44,6 +45,9 @@ class InstrumentedRuntime:
 
     def image_service(self) -> ImageService | None:
         return self.inner.image_service()
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        await self._count("rotate_logs", lambda: self.inner.rotate_logs(policy))
 
     async def start(self) -> None:
         await self._count("start", self.inner.start)

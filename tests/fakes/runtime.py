@@ -65,6 +65,7 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    LogRotationPolicy,
     LogTimes,
     PullCredentials,
     Runtime,
@@ -541,6 +542,9 @@ class FakeRuntime:
 
     def image_service(self) -> None:
         return None  # image GC has its own in-memory engine in its tests
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        return None  # its logs are in memory
 
     async def start(self) -> None:
         await self._enter("start")

@@ -4,12 +4,14 @@ agent's /containerLogs."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import os
 import subprocess
 import tarfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -175,3 +177,85 @@ def test_unused_images_are_removed_above_the_high_threshold(
     )
     assert events[0]["involvedObject"]["kind"] == "Node"
     assert events[0]["message"].startswith("Failed to garbage collect required amount of images.")
+
+
+# About 12 KB a second: a line number and 100 x's.
+WRITER = (
+    'i=0; while :; do i=$((i+1)); echo "line $i $(head -c 100 /dev/zero | tr "\\0" x)"; '
+    "sleep 0.01; done"
+)
+
+
+def log_files(backend: Backend, root: Path, pod: dict[str, Any]) -> list[Path]:
+    uid = pod["metadata"]["uid"]
+    if backend.engine is None:
+        directory = root / "runtime" / "process" / uid / "logs" / "main"
+    else:
+        name = pod["metadata"]["name"]
+        directory = root / "logs" / "pods" / f"default_{name}_{uid}" / "main"
+    return sorted(directory.glob("0.log*"))
+
+
+def numbers(text: str) -> list[int]:
+    """The numbers of the whole lines the writer wrote (a first line cut by a rotation of the
+    process runtime's file, at a block boundary, is left out)."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if len(parts) == 3 and parts[0] == "line" and parts[2] == "x" * 100:
+            out.append(int(parts[1]))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["process", REMOTE], indirect=True)
+def test_logs_rotate_and_the_latest_lines_still_show(
+    start_agent: Callable[..., Agent], manifests: Path, tmp_path: Path, backend: Backend
+) -> None:
+    write_pod(manifests, "chatty", pod_yaml("chatty", WRITER))
+    agent = start_agent(
+        *backend.flags,
+        "--container-log-max-size", "16Ki",
+        "--container-log-max-files", "3",
+        "--container-log-monitor-interval", "1s",
+    )  # fmt: skip
+    wait_for("chatty running", lambda: "running" in container_state(agent.pod("chatty"))["state"])
+    pod = agent.pod("chatty")
+    # Rotated, then compressed at the next rotation, and never more than 3 files.
+    files = wait_for(
+        "a compressed rotated log",
+        lambda: (
+            (found := log_files(backend, tmp_path / "root", pod))
+            and any(p.name.endswith(".gz") for p in found)
+            and found
+        ),
+        timeout=60,
+    )
+    for _ in range(5):
+        files = log_files(backend, tmp_path / "root", pod)
+        assert len([p for p in files if not p.name.endswith(".tmp")]) <= 3, files
+        time.sleep(1)
+    # What /containerLogs shows is the current file: consecutive lines, up to the latest.
+    first = numbers(agent.logs("chatty", "main"))
+    assert first and first == list(range(first[0], first[-1] + 1)), first[:5]
+    later = wait_for(
+        "more lines",
+        lambda: (
+            (n := numbers(agent.logs("chatty", "main", "?tailLines=5"))) and n[-1] > first[-1] and n
+        ),
+    )
+    assert later == list(range(later[0], later[0] + len(later))), later
+    # The rotated files hold what came before, none lost: the oldest kept file onwards.
+    ordered = sorted(
+        log_files(backend, tmp_path / "root", pod), key=lambda p: (p.name == "0.log", p.name)
+    )
+    blob = b"".join(
+        gzip.decompress(p.read_bytes()) if p.name.endswith(".gz") else p.read_bytes()
+        for p in ordered
+        if not p.name.endswith(".tmp")
+    )
+    if backend.engine is not None:
+        blob = b"".join(
+            line.split(b" ", 3)[3] + b"\n" for line in blob.splitlines() if line.count(b" ") >= 3
+        )
+    seen = numbers(blob.decode())
+    assert seen == list(range(seen[0], seen[0] + len(seen))), "a line was lost"

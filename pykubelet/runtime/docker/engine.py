@@ -45,6 +45,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     ExecStream,
+    LogRotationPolicy,
     LogTimes,
     RegistryAuth,
     RuntimeFailure,
@@ -408,6 +409,13 @@ class DockerEngine:
                 raise RuntimeFailure(f"cannot remove container {id[:12]}: {e}") from e
 
     # --- images ---------------------------------------------------------------------------------
+
+    async def rotate_log(
+        self, id: str, entry: ContainerEntry | None, policy: LogRotationPolicy
+    ) -> bool:
+        """The engine's log driver rotates its own files (its configuration, not the agent's):
+        --container-log-max-size/--container-log-max-files do not apply here."""
+        return False
 
     def images(self) -> DockerImages:
         return DockerImages(self._client, self._infra_image)

@@ -32,6 +32,7 @@ from pykubelet.runtime.base import (
     ExecResult,
     ExecStream,
     ImageService,
+    LogRotationPolicy,
     LogTimes,
     RegistryAuth,
     SandboxConfig,
@@ -223,6 +224,13 @@ class Engine(Inspector, Protocol[R]):
     # --- images, exec, logs ---------------------------------------------------------------------
 
     async def image_present(self, image: str) -> bool: ...
+
+    async def rotate_log(
+        self, id: str, entry: ContainerEntry | None, policy: LogRotationPolicy
+    ) -> bool:
+        """Rotate the running container's log if the policy says it is due (whether it was).
+        An engine that rotates its own logs does nothing."""
+        ...
 
     def images(self) -> ImageService:
         """The engine's images, for image GC."""
