@@ -120,9 +120,14 @@ class LogRotator:
             head, offset = await asyncio.to_thread(logfiles.read_tail, path, lines)
             return head, offset + self._cut.get(id, 0)
 
-    async def size(self, id: str, size: int) -> int:
-        """A size of the file now, counted as read_tail's offsets."""
-        return size + self._cut.get(id, 0)
+    async def end(self, id: str, path: Path) -> int:
+        """Where the log ends now, counted as read_tail's offsets."""
+        async with self._lock(id):
+            try:
+                size = (await asyncio.to_thread(path.stat)).st_size
+            except FileNotFoundError:
+                size = 0
+            return size + self._cut.get(id, 0)
 
     async def read_from(self, id: str, path: Path, offset: int) -> tuple[bytes, int]:
         """What follows `offset` (as read_tail counts), and the offset after it."""

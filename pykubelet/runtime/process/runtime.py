@@ -58,7 +58,7 @@ from pykubelet.runtime.base import (
     dial_local_port,
 )
 from pykubelet.runtime.process import records, statefile
-from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream, log_size
+from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream
 from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgroup, Settings
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
@@ -254,7 +254,7 @@ class ProcessRuntime:
         if skip_to is None:
             head, offset = await self._rotator.read_tail(container.id, path, tail_lines)
         else:
-            head, offset = b"", await self._rotator.size(container.id, skip_to)
+            head, offset = b"", await self._rotator.end(container.id, path)
         if head:
             yield head
         while True:
@@ -310,9 +310,9 @@ class ProcessRuntime:
         if rec is None or not rec.running or rec.finishing:
             raise RuntimeFailure(f"container {container.name} is not running")
         path = self.log_path(container)
-        offset = await asyncio.to_thread(log_size, path)
+        offset = await self._rotator.end(container.id, path)
         return ProcessAttachStream(
-            log_path=path,
+            read_from=lambda offset: self._rotator.read_from(container.id, path, offset),
             offset=offset,
             exited=rec.exited,
             exit_code=lambda: rec.exit_code,
