@@ -22,6 +22,7 @@ from pykubelet.common.options import (
     TLS_MIN_VERSIONS,
     Options,
     default_node_name,
+    format_duration,
     parse_duration,
 )
 
@@ -219,6 +220,45 @@ def _add_registration_flags(p: argparse.ArgumentParser) -> None:
         metavar="ID",
         help="the Node's spec.providerID: the machine's ID in its cloud provider's database",
     )
+
+
+def _gc_flags(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("garbage collection and container log rotation")
+    for flag, default, help_ in (
+        ("--maximum-dead-containers-per-container", 1, "old instances kept per container"),
+        ("--maximum-dead-containers", -1, "dead containers kept on the node (-1: no limit)"),
+        ("--image-gc-high-threshold", 85, "image file system usage (%%) that starts image GC"),
+        ("--image-gc-low-threshold", 80, "image file system usage (%%) image GC frees down to"),
+        ("--container-log-max-files", 5, "a container's log files at most, the current one too"),
+    ):
+        group.add_argument(flag, type=int, default=default, metavar="N", help=f"{help_} "
+                           f"(default {default})")  # fmt: skip
+    for flag, seconds, help_ in (
+        ("--minimum-container-ttl-duration", 0.0, "a dead container's least age before GC"),
+        ("--image-minimum-gc-age", 120.0, "an unused image's least age before GC"),
+        ("--container-gc-period", 60.0, "how often dead containers are collected"),
+        ("--image-gc-period", 300.0, "how often image GC checks the usage"),
+        ("--container-log-monitor-interval", 10.0, "how often log sizes are checked"),
+    ):
+        group.add_argument(flag, type=_duration, default=seconds, metavar="DURATION",
+                           help=f"{help_} (default {format_duration(seconds)})")  # fmt: skip
+    group.add_argument(
+        "--container-log-max-size",
+        type=_size,
+        default=10 * 1024 * 1024,
+        metavar="SIZE",
+        help="a container log file's size before it is rotated (default 10Mi)",
+    )
+
+
+def _gc_options(ns: argparse.Namespace) -> dict[str, Any]:
+    names = (
+        "maximum_dead_containers_per_container", "maximum_dead_containers",
+        "minimum_container_ttl_duration", "container_gc_period", "image_gc_high_threshold",
+        "image_gc_low_threshold", "image_minimum_gc_age", "image_gc_period",
+        "container_log_max_size", "container_log_max_files", "container_log_monitor_interval",
+    )  # fmt: skip
+    return {name: getattr(ns, name) for name in names}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -475,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes (pids) each pod may have at once; -1: unlimited (default -1)",
     )
     _node_allocatable_flags(p)
+    _gc_flags(p)
     p.add_argument(
         "--cluster-dns",
         type=_ip_list,
@@ -576,6 +617,7 @@ def parse_options(argv: Sequence[str]) -> Options:
         resolv_conf=ns.resolv_conf,
         **_node_allocatable(parser, ns),
         allowed_unsafe_sysctls=ns.allowed_unsafe_sysctls,
+        **_gc_options(ns),
         log_format=ns.log_format,
         verbosity=ns.verbosity,
     )

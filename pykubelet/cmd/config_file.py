@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic.alias_generators import to_camel
 
 from pykubelet.api.decode import format_path
+from pykubelet.api.quantity import to_bytes
 from pykubelet.cmd import node_resources
 from pykubelet.common.node_registration import Taint, check_duplicate_taints, make_taint
 from pykubelet.common.options import parse_duration
@@ -35,8 +36,8 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 # KubeletConfiguration fields we know and do not implement: named so, not "unknown".
 NOT_SUPPORTED = frozenset(
     {
-        "cgroupRoot", "evictionSoft", "featureGates", "imageGCHighThresholdPercent",
-        "imageGCLowThresholdPercent", "serializeImagePulls", "nodeLeaseDurationSeconds",
+        "cgroupRoot", "evictionSoft", "featureGates", "serializeImagePulls",
+        "nodeLeaseDurationSeconds",
     }
 )  # fmt: skip
 
@@ -108,8 +109,12 @@ IGNORED: dict[str, Ignored] = {
         "pykubelet serves /healthz on the read-only port (--read-only-port) and the kubelet API "
         "(--port), not on a separate healthz server"
     ),
-    "imageMaximumGCAge": Ignored("pykubelet does not garbage-collect images"),
-    "imageMinimumGCAge": Ignored("pykubelet does not garbage-collect images"),
+    "imageMaximumGCAge": Ignored(
+        "images are collected by the file system's usage (imageGCHigh/LowThresholdPercent); "
+        "an age limit is off, the kubelet's default 0s",
+        _duration_is(),
+        "only 0s (off, the default) is supported: images are collected by usage",
+    ),
     "memorySwap": Ignored(
         "containers get no swap, as with the kubelet's default NoSwap",
         _empty_or("swapBehavior", "", "NoSwap"),
@@ -263,6 +268,23 @@ class KubeletConfiguration(_Model):
     enforce_node_allocatable: list[str] | None = None
     system_reserved_cgroup: str | None = None
     kube_reserved_cgroup: str | None = None
+    image_gc_high_threshold_percent: int | None = Field(
+        default=None, alias="imageGCHighThresholdPercent"
+    )
+    image_gc_low_threshold_percent: int | None = Field(
+        default=None, alias="imageGCLowThresholdPercent"
+    )
+    image_minimum_gc_age: str | None = Field(default=None, alias="imageMinimumGCAge")
+    container_log_max_size: str | None = None
+    container_log_max_files: int | None = None
+    container_log_monitor_interval: str | None = None
+
+    @field_validator("container_log_max_size")
+    @classmethod
+    def _size(cls, value: str | None) -> str | None:
+        if value is not None:
+            to_bytes(value)  # raises QuantityError (a ValueError) saying why
+        return value
 
     @field_validator("kube_reserved", "system_reserved")
     @classmethod
@@ -294,6 +316,8 @@ class KubeletConfiguration(_Model):
         "http_check_frequency",
         "sync_frequency",
         "streaming_connection_idle_timeout",
+        "image_minimum_gc_age",
+        "container_log_monitor_interval",
     )
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
@@ -393,6 +417,12 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
         "register_node": ("register_node", bool),
         "provider_id": ("provider_id", str),
+        "image_gc_high_threshold_percent": ("image_gc_high_threshold", int),
+        "image_gc_low_threshold_percent": ("image_gc_low_threshold", int),
+        "image_minimum_gc_age": ("image_minimum_gc_age", parse_duration),
+        "container_log_max_size": ("container_log_max_size", to_bytes),
+        "container_log_max_files": ("container_log_max_files", int),
+        "container_log_monitor_interval": ("container_log_monitor_interval", parse_duration),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)

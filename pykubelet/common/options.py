@@ -127,6 +127,20 @@ class Options:
     kube_reserved_cgroup: str = ""
     # Sysctls (names, or prefixes ending in "*") pods may set beyond the kubelet's safe set.
     allowed_unsafe_sysctls: list[str] = field(default_factory=list)
+    # Garbage collection (kubelet/container_gc.py, kubelet/image_gc.py); the periods are the
+    # kubelet's constants (1 min, 5 min), options here so that tests can shorten them.
+    maximum_dead_containers_per_container: int = 1
+    maximum_dead_containers: int = -1
+    minimum_container_ttl_duration: float = 0.0
+    container_gc_period: float = 60.0
+    image_gc_high_threshold: int = 85
+    image_gc_low_threshold: int = 80
+    image_minimum_gc_age: float = 120.0
+    image_gc_period: float = 300.0
+    # Container log rotation (kubelet/log_rotation.py), the kubelet's defaults.
+    container_log_max_size: int = 10 * 1024 * 1024
+    container_log_max_files: int = 5
+    container_log_monitor_interval: float = 10.0
     log_format: str = "text"
     verbosity: int = 0
 
@@ -188,8 +202,53 @@ class Options:
             "enforceNodeAllocatable": list(self.enforce_node_allocatable),
             "systemReservedCgroup": self.system_reserved_cgroup,
             "kubeReservedCgroup": self.kube_reserved_cgroup,
+            "imageGCHighThresholdPercent": self.image_gc_high_threshold,
+            "imageGCLowThresholdPercent": self.image_gc_low_threshold,
+            "imageMinimumGCAge": format_duration(self.image_minimum_gc_age),
+            "containerLogMaxSize": str(self.container_log_max_size),
+            "containerLogMaxFiles": self.container_log_max_files,
+            "containerLogMonitorInterval": format_duration(self.container_log_monitor_interval),
             "logging": {"format": self.log_format, "verbosity": self.verbosity},
         }
+
+    def _gc_problems(self) -> list[str]:
+        # The kubelet's ValidateKubeletConfiguration words for the image thresholds.
+        problems = []
+        high, low = self.image_gc_high_threshold, self.image_gc_low_threshold
+        if not 0 <= high <= 100:
+            problems.append(
+                f"--image-gc-high-threshold: imageGCHighThresholdPercent ({high}) must be "
+                "between 0 and 100"
+            )
+        if not 0 <= low <= 100:
+            problems.append(
+                f"--image-gc-low-threshold: imageGCLowThresholdPercent ({low}) must be "
+                "between 0 and 100"
+            )
+        if low >= high:
+            problems.append(
+                f"--image-gc-low-threshold: imageGCLowThresholdPercent ({low}) must be less "
+                f"than imageGCHighThresholdPercent ({high})"
+            )
+        if self.image_minimum_gc_age < 0:
+            problems.append("--image-minimum-gc-age: must not be negative")
+        if self.minimum_container_ttl_duration < 0:
+            problems.append("--minimum-container-ttl-duration: must not be negative")
+        if self.container_log_max_files < 2:
+            problems.append(
+                f"--container-log-max-files: containerLogMaxFiles ({self.container_log_max_files})"
+                " must be 2 or more"
+            )
+        if self.container_log_max_size <= 0:
+            problems.append("--container-log-max-size: must be greater than 0")
+        for flag, value in (
+            ("--container-gc-period", self.container_gc_period),
+            ("--image-gc-period", self.image_gc_period),
+            ("--container-log-monitor-interval", self.container_log_monitor_interval),
+        ):
+            if value <= 0:
+                problems.append(f"{flag}: must be greater than 0")
+        return problems
 
     def validate(self) -> list[str]:
         problems: list[str] = []
@@ -219,6 +278,7 @@ class Options:
                 "(process and docker support it)"
             )
         problems.extend(self._node_allocatable_problems())
+        problems.extend(self._gc_problems())
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if not 0 <= self.port <= 65535:

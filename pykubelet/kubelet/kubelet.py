@@ -36,7 +36,12 @@ from pykubelet.kubelet.admission import (
     admit,
     pod_requests,
 )
+from pykubelet.kubelet.container_gc import ContainerGC, ContainerGCPolicy
+from pykubelet.kubelet.container_gc import run_periodically as run_container_gc
 from pykubelet.kubelet.housekeeping import Housekeeping
+from pykubelet.kubelet.image_gc import ImageGC, ImageGCPolicy
+from pykubelet.kubelet.image_gc import run_periodically as run_image_gc
+from pykubelet.kubelet.log_rotation import run_periodically as run_log_rotation
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
 from pykubelet.kubelet.sysctls import SysctlAllowlist
@@ -55,7 +60,12 @@ from pykubelet.pod.volumes import ObjectLookup, VolumeManager
 from pykubelet.pod.workers import PodWorkers, UpdateType, WorkerState
 from pykubelet.probes.handlers import ActionRunner
 from pykubelet.probes.prober import ProbeManager
-from pykubelet.runtime.base import ContainerRunState, Runtime, RuntimeContainer
+from pykubelet.runtime.base import (
+    ContainerRunState,
+    LogRotationPolicy,
+    Runtime,
+    RuntimeContainer,
+)
 from pykubelet.status.generate import TERMINAL_PHASES
 from pykubelet.status.manager import StatusManager
 
@@ -163,7 +173,27 @@ class Kubelet:
             recorder,
             is_rejected=self._rejected.__contains__,
         )
+        self._container_gc = ContainerGC(
+            runtime,
+            ContainerGCPolicy(
+                min_age=options.minimum_container_ttl_duration,
+                max_per_pod_container=options.maximum_dead_containers_per_container,
+                max_containers=options.maximum_dead_containers,
+            ),
+            is_wanted=lambda uid: uid in self._pods or self._workers.is_known(uid),
+        )
+        self._image_gc = ImageGC(
+            runtime.image_service(),
+            ImageGCPolicy(
+                high_threshold_percent=options.image_gc_high_threshold,
+                low_threshold_percent=options.image_gc_low_threshold,
+                min_age=options.image_minimum_gc_age,
+            ),
+            recorder,
+            ObjectRef.node(options.node_name),
+        )
         self._pleg_task: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
         self._last_loop_at = 0.0
 
     # --- what others read ---------------------------------------------------------------------
@@ -232,10 +262,32 @@ class Kubelet:
     async def run(self, stop: asyncio.Event) -> None:
         """The PLEG and the sync loop, until `stop` is set; then `shutdown()` stops the pods."""
         self._pleg_task = asyncio.create_task(self._pleg.run(), name="pleg")
+        ready = self.pod_config.all_sources_ready
+        self._background = [
+            asyncio.create_task(
+                run_container_gc(self._container_gc, self.options.container_gc_period, ready, stop),
+                name="container-gc",
+            ),
+            asyncio.create_task(
+                run_image_gc(self._image_gc, self.options.image_gc_period, stop), name="image-gc"
+            ),
+            asyncio.create_task(
+                run_log_rotation(
+                    self.runtime,
+                    LogRotationPolicy(
+                        self.options.container_log_max_size, self.options.container_log_max_files
+                    ),
+                    self.options.container_log_monitor_interval,
+                    stop,
+                ),
+                name="log-rotation",
+            ),
+        ]
         await self._sync_loop(stop)
 
     async def shutdown(self) -> None:
         tasks = [self._pleg_task] if self._pleg_task is not None else []
+        tasks += self._background
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -444,7 +444,6 @@ class PodSync:
                 )
                 await self._stop(pod, spec, latest, grace_seconds(pod, None))
                 await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state)
-                await self._collect_dead(history)
             return
         if not should_restart(policy, latest.exit_code):
             return
@@ -465,8 +464,7 @@ class PodSync:
                 _pod_ref(pod, spec.name),
             )
             return
-        if await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state):
-            await self._collect_dead(history)
+        await self._start(pod, sandbox, spec, latest.attempt + 1, wanted_hash, state)
 
     async def _start(
         self,
@@ -635,12 +633,6 @@ class PodSync:
         key = f"{pod.uid}/{container}/{wanted_hash}"
         self._keys_of_pod.setdefault(pod.uid, set()).add(key)
         return key
-
-    async def _collect_dead(self, history: list[RuntimeContainer]) -> None:
-        """Keep one dead instance per container (its lastState and `--previous` log)."""
-        for c in history[:-1]:
-            if c.state is ContainerRunState.EXITED:
-                await self.runtime.remove_container(c)
 
     # --- termination --------------------------------------------------------------------------
 

@@ -420,8 +420,52 @@ class ExecStream(Protocol):
         """Kill it if it still runs and release what it holds; safe to call twice."""
 
 
+@dataclass(frozen=True)
+class LogRotationPolicy:
+    """`--container-log-max-size` and `--container-log-max-files`."""
+
+    max_size: int = 10 * 1024 * 1024
+    max_files: int = 5
+
+
+@dataclass(frozen=True)
+class GcImage:
+    """One image the engine holds, as image GC sees it."""
+
+    id: str
+    tags: tuple[str, ...]
+    size: int  # bytes
+    # A container of the engine uses it (running or not, the agent's or another's), or the
+    # engine keeps it whatever happens (the pod infra image, the CRI's pinned images).
+    in_use: bool
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class ImageFsUsage:
+    """The file system the engine keeps its images on."""
+
+    path: str
+    capacity_bytes: int
+    available_bytes: int
+
+
+class ImageService(Protocol):
+    """The engine's images (the CRI's ImageService, the Docker API's /images), for image GC."""
+
+    async def list_images(self) -> list[GcImage]: ...
+
+    async def remove_image(self, image: GcImage) -> None:
+        """Remove it (every tag of it); RuntimeFailure saying why it could not be."""
+
+    async def image_fs_usage(self) -> ImageFsUsage: ...
+
+
 class Runtime(Protocol):
     name: str
+
+    def image_service(self) -> ImageService | None:
+        """The engine's images; None: the backend has no images (the process runtime)."""
 
     async def start(self) -> None:
         """Connect, and load what is already running (adoption after a restart)."""
@@ -462,6 +506,11 @@ class Runtime(Protocol):
 
     async def remove_pod(self, uid: str) -> None:
         """Stop and remove the sandbox and whatever is left of the pod (containers are stopped)."""
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        """Rotate the log files of running containers that reached the policy's size, where the
+        agent keeps them (see runtime/logrotation.py); the docker runtime's engine rotates its
+        own (its log driver), so it does nothing."""
 
     async def read_log(
         self,

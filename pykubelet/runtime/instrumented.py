@@ -14,6 +14,8 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ExecResult,
     ExecStream,
+    ImageService,
+    LogRotationPolicy,
     LogTimes,
     Runtime,
     RuntimeContainer,
@@ -42,6 +44,12 @@ class InstrumentedRuntime:
         except Exception:
             metrics.runtime_operation_errors.labels(operation).inc()
             raise
+
+    def image_service(self) -> ImageService | None:
+        return self.inner.image_service()
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        await self._count("rotate_logs", lambda: self.inner.rotate_logs(policy))
 
     async def start(self) -> None:
         await self._count("start", self.inner.start)

@@ -65,6 +65,7 @@ from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
     ExecResult,
+    LogRotationPolicy,
     LogTimes,
     PullCredentials,
     Runtime,
@@ -540,6 +541,12 @@ class FakeRuntime:
         ]
 
     # --- the Runtime protocol -----------------------------------------------------------------
+
+    def image_service(self) -> None:
+        return None  # image GC has its own in-memory engine in its tests
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        return None  # its logs are in memory
 
     async def start(self) -> None:
         await self._enter("start")

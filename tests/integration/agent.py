@@ -226,11 +226,17 @@ class Engine:
         self.endpoint = endpoint
         self.path = endpoint[len("unix://") :]
 
-    def request(self, method: str, path: str, query: dict[str, Any] | None = None) -> Any:
+    def request(
+        self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None
+    ) -> Any:
         conn = _UnixConnection(self.path, timeout=30)
         try:
             url = "/v1.41/" + path + ("?" + urllib.parse.urlencode(query) if query else "")
-            conn.request(method, url)
+            if body is None:
+                conn.request(method, url)
+            else:
+                headers = {"Content-Type": "application/json"}
+                conn.request(method, url, body=json.dumps(body), headers=headers)
             resp = conn.getresponse()
             body = resp.read()
         finally:

@@ -15,7 +15,6 @@ import os
 import re
 import select
 import shutil
-import socket
 import ssl
 import struct
 import subprocess
@@ -184,7 +183,8 @@ def test_kubectl_logs_reach_the_node_through_the_api_server(
     port = status["daemonEndpoints"]["kubeletEndpoint"]["Port"]
     assert agent.secure_url.endswith(f":{port}")
     addresses = {a["type"]: a["address"] for a in status["addresses"]}
-    assert addresses == {"InternalIP": "127.0.0.1", "Hostname": socket.gethostname()}
+    # Hostname: the kubelet's hostname, which --hostname-override (our --node-name) sets.
+    assert addresses == {"InternalIP": "127.0.0.1", "Hostname": NODE}
 
 
 TIMESTAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z"

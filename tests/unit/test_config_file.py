@@ -84,3 +84,35 @@ def test_rejects_bad_fields(tmp_path: Path, body: str, expected: str) -> None:
     with pytest.raises(config_file.ConfigFileError) as info:
         config_file.load(path)
     assert expected in str(info.value) and str(path) in str(info.value)
+
+
+def test_garbage_collection_and_log_rotation_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fields = {
+        "imageGCHighThresholdPercent": 90,
+        "imageGCLowThresholdPercent": 70,
+        "imageMinimumGCAge": "5m",
+        "containerLogMaxSize": "1Mi",
+        "containerLogMaxFiles": 3,
+        "containerLogMonitorInterval": "5s",
+    }
+    path = write(tmp_path, config_file.dump(fields))
+    opts = parse_options(["--config", str(path)])
+    assert (opts.image_gc_high_threshold, opts.image_gc_low_threshold) == (90, 70)
+    assert opts.image_minimum_gc_age == 300
+    assert (opts.container_log_max_size, opts.container_log_max_files) == (1 << 20, 3)
+    assert opts.container_log_monitor_interval == 5
+    served = opts.kubelet_configuration()
+    assert {k: served[k] for k in fields} == {**fields, "containerLogMaxSize": str(1 << 20)}
+    defaults = parse_options([])
+    assert (defaults.image_gc_high_threshold, defaults.image_gc_low_threshold) == (85, 80)
+    assert defaults.maximum_dead_containers_per_container == 1
+    assert defaults.maximum_dead_containers == -1
+    # The kubelet's validation of the thresholds.
+    with pytest.raises(SystemExit):
+        parse_options(["--image-gc-high-threshold", "50", "--image-gc-low-threshold", "50"])
+    assert (
+        "imageGCLowThresholdPercent (50) must be less than imageGCHighThresholdPercent (50)"
+        in capsys.readouterr().err
+    )

@@ -16,11 +16,11 @@ from pykubelet.cmd.cli import parse_options
 KUBEADM = Path(__file__).parent.parent / "data" / "kubeadm-1.32-kubelet-config.yaml"
 # Fields the DNS branch implements (clusterDNS, clusterDomain, resolvConf): ignored here until
 # it is merged; the merge drops them from config_file.IGNORED and from this set.
-DNS_FIELDS = {"clusterDNS", "clusterDomain", "resolvConf"}
 IMPLEMENTED = {
     "apiVersion", "kind", "authentication", "authorization", "containerRuntimeEndpoint",
     "fileCheckFrequency", "httpCheckFrequency", "logging", "staticPodPath",
-    "streamingConnectionIdleTimeout", "syncFrequency",
+    "streamingConnectionIdleTimeout", "syncFrequency", "clusterDNS", "clusterDomain",
+    "resolvConf", "imageMinimumGCAge",
 }  # fmt: skip
 
 
@@ -28,9 +28,7 @@ def test_every_field_of_kubeadms_file_is_implemented_or_ignored_with_a_reason() 
     fields = set(yaml.safe_load(KUBEADM.read_text()))
     config = config_file.load(KUBEADM)
     ignored = {note.split(":", 1)[0] for note in config_file.ignored_fields(config)}
-    # Once the DNS branch is merged its fields are implemented, not ignored.
-    implemented = IMPLEMENTED | (DNS_FIELDS - set(config_file.IGNORED))
-    assert fields - implemented == {f for f in ignored if not f.startswith("logging.")}
+    assert fields - IMPLEMENTED == {f for f in ignored if not f.startswith("logging.")}
     assert ignored >= {"logging.flushFrequency", "logging.options"}
     for note in config_file.ignored_fields(config):
         _, _, why = note.partition(": ignored: ")

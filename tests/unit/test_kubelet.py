@@ -328,6 +328,30 @@ async def test_a_spec_change_restarts_the_container(make_node: NodeFactory) -> N
     assert len(node.runtime.ops("start_container")) == calls
 
 
+async def test_dead_containers_are_collected_down_to_the_last_one(
+    make_node: NodeFactory,
+) -> None:
+    node = await make_node(container_gc_period=0.05)
+    pod = make_pod("web")
+    node.set_pods(pod)
+    await node.started(pod)
+    for n, image in enumerate(("busybox:1.35", "busybox:1.37", "busybox:1.38"), start=1):
+        node.set_pods(make_pod("web", containers=[container(image=image)]))
+        await eventually(
+            f"attempt {n} running",
+            lambda n=n: (
+                (c := node.runtime.latest(pod.uid, "c")) is not None
+                and c.attempt == n
+                and c.state is ContainerRunState.RUNNING
+            ),
+        )
+    # The running instance and the newest dead one (--previous) stay; the GC removed the rest.
+    await eventually(
+        "old instances removed",
+        lambda: [c.attempt for c in node.runtime.containers(pod.uid)] == [2, 3],
+    )
+
+
 async def test_a_removed_pod_is_killed_and_cleaned_up(make_node: NodeFactory) -> None:
     node = await make_node()
     keep, gone = make_pod("keep"), make_pod("gone", terminationGracePeriodSeconds=5)

@@ -35,13 +35,14 @@ from typing import Any, TypeVar
 from pykubelet.api.model import Pod
 from pykubelet.api.security import verify_run_as_non_root
 from pykubelet.common.machine import read_machine_facts
-from pykubelet.runtime import logfiles
+from pykubelet.runtime import logfiles, logrotation
 from pykubelet.runtime.base import (
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
     ContainerConfig,
     ExecResult,
     ExecStream,
+    LogRotationPolicy,
     LogTimes,
     RegistryAuth,
     RuntimeFailure,
@@ -63,6 +64,7 @@ from pykubelet.runtime.cri.convert import (
     sandbox_entry,
     sandbox_state,
 )
+from pykubelet.runtime.cri.images import CriImages
 from pykubelet.runtime.cri.log import CriLogDecoder
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
 from pykubelet.runtime.cri.security import (
@@ -476,6 +478,33 @@ class CriEngine:
             raise RuntimeFailure(f"cannot list the images of {self._endpoint}: {e}") from e
         return [RuntimeImage((*i.repo_digests, *i.repo_tags), int(i.size)) for i in reply.images]
 
+    async def rotate_log(
+        self, id: str, entry: ContainerEntry | None, policy: LogRotationPolicy
+    ) -> bool:
+        """The kubelet's rotateLog: tidy the rotated files, rename the current one aside and
+        have the runtime reopen it (ReopenContainerLog); if it cannot, the rename is undone."""
+        if entry is None or not entry.log_path:
+            return False
+        path = Path(entry.log_path)
+        target = await asyncio.to_thread(logrotation.prepare, path, policy)
+        if target is None:
+            return False
+        await asyncio.to_thread(os.rename, path, target)
+        try:
+            await self._call(
+                "ReopenContainerLog",
+                api.ReopenContainerLogRequest(container_id=id),
+                api.ReopenContainerLogResponse,
+            )
+        except (CriError, TimeoutError) as e:
+            await asyncio.to_thread(os.rename, target, path)
+            raise RuntimeFailure(f"failed to reopen container log {id[:12]}: {e}") from e
+        log.info("rotated the log of container %s to %s", id[:12], target.name)
+        return True
+
+    def image_store(self) -> CriImages:
+        return CriImages(self._call, self._infra_image)
+
     async def image_present(self, image: str) -> bool:
         try:
             reply = await self._call(
@@ -648,6 +677,7 @@ class CriEngine:
             return
         path = Path(entry.log_path)
         first, offset = await asyncio.to_thread(logfiles.read_cri_tail, path, tail_lines, times)
+        inode = await asyncio.to_thread(_inode, path)
         if first:
             yield first
         decoder = CriLogDecoder(times)
@@ -659,6 +689,14 @@ class CriEngine:
                 out = decoder.feed(chunk)
                 if out:
                     yield out
+                continue
+            now = await asyncio.to_thread(_inode, path)
+            if now != inode and now is not None:
+                # Rotated (renamed aside, the runtime reopened a new file): the rest of the old
+                # file first, from where it now is, then the new one from its start.
+                async for out in _drain_rotated(path, inode, offset, decoder):
+                    yield out
+                inode, offset = now, 0
                 continue
             if done:
                 return
@@ -722,6 +760,35 @@ class CriEngine:
 
 
 # --- files (run in threads) ---------------------------------------------------------------------
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _find_rotated(path: Path, inode: int | None) -> Path | None:
+    for p in reversed(logrotation.rotated_files(path)):
+        with contextlib.suppress(FileNotFoundError):
+            if p.stat().st_ino == inode:
+                return p
+    return None
+
+
+async def _drain_rotated(
+    path: Path, inode: int | None, offset: int, decoder: CriLogDecoder
+) -> AsyncGenerator[bytes, None]:
+    rotated = await asyncio.to_thread(_find_rotated, path, inode)
+    while rotated is not None:
+        chunk = await asyncio.to_thread(logfiles.read_from, rotated, offset)
+        if not chunk:
+            return
+        offset += len(chunk)
+        out = decoder.feed(chunk)
+        if out:
+            yield out
 
 
 def _remove_log_dirs(root: Path, uid: str) -> None:

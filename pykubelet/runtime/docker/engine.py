@@ -49,6 +49,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     ExecStream,
+    LogRotationPolicy,
     LogTimes,
     RegistryAuth,
     RuntimeFailure,
@@ -72,6 +73,7 @@ from pykubelet.runtime.docker.convert import (
     sandbox_body,
     tail_offset,
 )
+from pykubelet.runtime.docker.images import DockerImages
 from pykubelet.runtime.docker.oom import OomWatcher, memory_v1_mount
 from pykubelet.runtime.docker.security import image_user_of, read_seccomp, seccomp_file
 from pykubelet.runtime.sandbox.engine import (
@@ -498,6 +500,16 @@ class DockerEngine:
                 raise RuntimeFailure(f"cannot remove container {id[:12]}: {e}") from e
 
     # --- images ---------------------------------------------------------------------------------
+
+    async def rotate_log(
+        self, id: str, entry: ContainerEntry | None, policy: LogRotationPolicy
+    ) -> bool:
+        """The engine's log driver rotates its own files (its configuration, not the agent's):
+        --container-log-max-size/--container-log-max-files do not apply here."""
+        return False
+
+    def image_store(self) -> DockerImages:
+        return DockerImages(self._client, self._infra_image)
 
     async def image_present(self, image: str) -> bool:
         try:

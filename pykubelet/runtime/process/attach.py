@@ -29,10 +29,9 @@ import logging
 import os
 import struct
 import termios
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import STDOUT, RuntimeFailure
 from pykubelet.runtime.process import statefile
 
@@ -194,14 +193,16 @@ class ProcessAttachStream:
     def __init__(
         self,
         *,
-        log_path: Path,
+        read_from: Callable[[int], Awaitable[tuple[bytes, int]]],
         offset: int,
         exited: asyncio.Event,
         exit_code: Callable[[], int | None],
         stdio: ContainerStdio | None,
         stdin: bool,
     ) -> None:
-        self._path = log_path
+        # What the log holds after an offset, and the offset after that (the runtime's
+        # reader, which keeps offsets right across a rotation of the file).
+        self._read_from = read_from
         self._offset = offset
         self._exited = exited
         self._exit_code = exit_code
@@ -223,9 +224,8 @@ class ProcessAttachStream:
         delay = POLL_MIN
         while not self._closed.is_set():
             done = self._exited.is_set()
-            chunk = await asyncio.to_thread(logfiles.read_from, self._path, self._offset)
+            chunk, self._offset = await self._read_from(self._offset)
             if chunk:
-                self._offset += len(chunk)
                 delay = POLL_MIN
                 yield STDOUT, chunk
                 continue

@@ -41,13 +41,14 @@ from typing import Any
 from pykubelet import __version__
 from pykubelet.api.model import Pod
 from pykubelet.api.qos import qos_class
-from pykubelet.runtime import logfiles
+from pykubelet.runtime import logfiles, logrotation
 from pykubelet.runtime.base import (
     NO_LOG_TIMES,
     ChangeListener,
     ContainerConfig,
     ExecResult,
     ExecStream,
+    LogRotationPolicy,
     LogTimes,
     RuntimeContainer,
     RuntimeFailure,
@@ -60,10 +61,11 @@ from pykubelet.runtime.base import (
     dial_local_port,
 )
 from pykubelet.runtime.process import records, statefile
-from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream, log_size
+from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream
 from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgroup, Settings
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
+from pykubelet.runtime.process.logrotate import LogRotator
 from pykubelet.runtime.process.processes import ID_VARIABLE, boot_id, kill_group, reap
 from pykubelet.runtime.process.records import (
     NAME,
@@ -136,6 +138,7 @@ class ProcessRuntime:
         self._execs: dict[str, set[ProcessExecStream]] = {}
         # The stdin (or terminal) kept for each container started with one (attach.py).
         self._stdio: dict[str, ContainerStdio] = {}
+        self._rotator = LogRotator()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -145,6 +148,10 @@ class ProcessRuntime:
 
     async def images(self) -> list[RuntimeImage]:
         return []  # processes run from the host's files, not images
+
+    def image_service(self) -> None:
+        """Host processes run the node's own files: there are no images to collect."""
+        return None
 
     async def start(self) -> None:
         if self._loop is not None:
@@ -256,16 +263,15 @@ class ProcessRuntime:
                 skip_to = size
         # The offset is where the head ended: what is appended meanwhile is read next.
         if skip_to is None:
-            head, offset = await asyncio.to_thread(logfiles.read_tail, path, tail_lines)
+            head, offset = await self._rotator.read_tail(container.id, path, tail_lines)
         else:
-            head, offset = b"", skip_to
+            head, offset = b"", await self._rotator.end(container.id, path)
         if head:
             yield head
         while True:
             done = rec is None or rec.exited.is_set()
-            chunk = await asyncio.to_thread(logfiles.read_from, path, offset)
+            chunk, offset = await self._rotator.read_from(container.id, path, offset)
             if chunk:
-                offset += len(chunk)
                 yield chunk
             elif done:
                 return
@@ -315,9 +321,9 @@ class ProcessRuntime:
         if rec is None or not rec.running or rec.finishing:
             raise RuntimeFailure(f"container {container.name} is not running")
         path = self.log_path(container)
-        offset = await asyncio.to_thread(log_size, path)
+        offset = await self._rotator.end(container.id, path)
         return ProcessAttachStream(
-            log_path=path,
+            read_from=lambda offset: self._rotator.read_from(container.id, path, offset),
             offset=offset,
             exited=rec.exited,
             exit_code=lambda: rec.exit_code,
@@ -638,11 +644,25 @@ class ProcessRuntime:
                 await asyncio.to_thread(
                     _remove_files, self._container_file(rec), self.log_path(container)
                 )
+                await asyncio.to_thread(logrotation.remove_all, self.log_path(container))
             except OSError as e:
                 raise RuntimeFailure(f"cannot delete container {rec.id}: {e}") from e
+        self._rotator.forget(rec.id)
         pod = self._pods.get(rec.pod_uid)
         if pod is not None:
             pod.containers.pop(rec.id, None)
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        """The running containers' logs, rotated in place (process/logrotate.py)."""
+        for pod in list(self._pods.values()):
+            for rec in list(pod.containers.values()):
+                if not rec.running:
+                    continue
+                path = self._log_path(rec.pod_uid, rec.name, rec.attempt)
+                try:
+                    await self._rotator.rotate(rec.id, path, policy)
+                except OSError as e:
+                    log.warning("failed to rotate the log of container %s: %s", rec.id, e)
 
     # --- exit handling --------------------------------------------------------------------------
 

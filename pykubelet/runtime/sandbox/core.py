@@ -29,11 +29,12 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from pathlib import Path
 from typing import Generic, TypeVar
 
 from pykubelet.api.model import Pod
+from pykubelet.runtime import logrotation
 from pykubelet.runtime.base import (
     NO_LOG_TIMES,
     ChangeListener,
@@ -41,6 +42,8 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     ExecStream,
+    ImageService,
+    LogRotationPolicy,
     LogTimes,
     RegistryAuth,
     RuntimeContainer,
@@ -91,6 +94,9 @@ class SandboxRuntime(Generic[R]):
         self._started = False
         self._watch_task: asyncio.Task[None] | None = None
         self._watching = asyncio.Event()
+
+    def image_service(self) -> ImageService:
+        return self._engine.image_store()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -328,9 +334,19 @@ class SandboxRuntime(Generic[R]):
         # Forced only when the cache vouches that it is not running (a created one, say).
         gone = await self._remove_container(container.id, force=entry is not None)
         if gone is not None and gone.log_path:
-            # A runtime that leaves the log file to the kubelet: it goes with the container.
-            with contextlib.suppress(FileNotFoundError):
-                await asyncio.to_thread(os.unlink, gone.log_path)
+            # A runtime that leaves the log file to the kubelet: it goes with the container,
+            # with its rotated files.
+            await asyncio.to_thread(logrotation.remove_all, Path(gone.log_path))
+
+    async def rotate_logs(self, policy: LogRotationPolicy) -> None:
+        for pod in await self.list_pods():
+            for c in pod.containers:
+                if c.state is not ContainerRunState.RUNNING:
+                    continue
+                try:
+                    await self._engine.rotate_log(c.id, self._cache.container(c.id), policy)
+                except RuntimeFailure as e:
+                    log.warning("failed to rotate the log of container %s: %s", c.id[:12], e)
 
     async def _remove_container(self, id: str, *, force: bool) -> ContainerEntry | None:
         gone = await self._cache.remove(id, lambda: self._engine.remove_container(id, force=force))

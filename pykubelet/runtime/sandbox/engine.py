@@ -31,6 +31,8 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     ExecResult,
     ExecStream,
+    ImageService,
+    LogRotationPolicy,
     LogTimes,
     RegistryAuth,
     RuntimeImage,
@@ -240,6 +242,17 @@ class Engine(Inspector, Protocol[R]):
     # --- images, exec, logs ---------------------------------------------------------------------
 
     async def image_present(self, image: str) -> bool: ...
+
+    async def rotate_log(
+        self, id: str, entry: ContainerEntry | None, policy: LogRotationPolicy
+    ) -> bool:
+        """Rotate the running container's log if the policy says it is due (whether it was).
+        An engine that rotates its own logs does nothing."""
+        ...
+
+    def image_store(self) -> ImageService:
+        """The engine's images, for image GC."""
+        ...
 
     async def pull_image(self, image: str, auth: RegistryAuth | None) -> None:
         """Pull it, with the registry credential `auth` (None: anonymously); PullError with the

@@ -842,20 +842,78 @@ class AttachResponse(_message.Message):
     def __init__(self, url: _Optional[str] = ...) -> None: ...
 
 class Image(_message.Message):
-    __slots__ = ("id", "repo_tags", "repo_digests", "size", "uid", "username")
+    __slots__ = ("id", "repo_tags", "repo_digests", "size", "uid", "username", "pinned")
     ID_FIELD_NUMBER: _ClassVar[int]
     REPO_TAGS_FIELD_NUMBER: _ClassVar[int]
     REPO_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
     USERNAME_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     id: str
     repo_tags: _containers.RepeatedScalarFieldContainer[str]
     repo_digests: _containers.RepeatedScalarFieldContainer[str]
     size: int
     uid: Int64Value
     username: str
-    def __init__(self, id: _Optional[str] = ..., repo_tags: _Optional[_Iterable[str]] = ..., repo_digests: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., uid: _Optional[_Union[Int64Value, _Mapping]] = ..., username: _Optional[str] = ...) -> None: ...
+    pinned: bool
+    def __init__(self, id: _Optional[str] = ..., repo_tags: _Optional[_Iterable[str]] = ..., repo_digests: _Optional[_Iterable[str]] = ..., size: _Optional[int] = ..., uid: _Optional[_Union[Int64Value, _Mapping]] = ..., username: _Optional[str] = ..., pinned: _Optional[bool] = ...) -> None: ...
+
+class ReopenContainerLogRequest(_message.Message):
+    __slots__ = ("container_id",)
+    CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
+    container_id: str
+    def __init__(self, container_id: _Optional[str] = ...) -> None: ...
+
+class ReopenContainerLogResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RemoveImageRequest(_message.Message):
+    __slots__ = ("image",)
+    IMAGE_FIELD_NUMBER: _ClassVar[int]
+    image: ImageSpec
+    def __init__(self, image: _Optional[_Union[ImageSpec, _Mapping]] = ...) -> None: ...
+
+class RemoveImageResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ImageFsInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UInt64Value(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: int
+    def __init__(self, value: _Optional[int] = ...) -> None: ...
+
+class FilesystemIdentifier(_message.Message):
+    __slots__ = ("mountpoint",)
+    MOUNTPOINT_FIELD_NUMBER: _ClassVar[int]
+    mountpoint: str
+    def __init__(self, mountpoint: _Optional[str] = ...) -> None: ...
+
+class FilesystemUsage(_message.Message):
+    __slots__ = ("timestamp", "fs_id", "used_bytes", "inodes_used")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    FS_ID_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INODES_USED_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    fs_id: FilesystemIdentifier
+    used_bytes: UInt64Value
+    inodes_used: UInt64Value
+    def __init__(self, timestamp: _Optional[int] = ..., fs_id: _Optional[_Union[FilesystemIdentifier, _Mapping]] = ..., used_bytes: _Optional[_Union[UInt64Value, _Mapping]] = ..., inodes_used: _Optional[_Union[UInt64Value, _Mapping]] = ...) -> None: ...
+
+class ImageFsInfoResponse(_message.Message):
+    __slots__ = ("image_filesystems", "container_filesystems")
+    IMAGE_FILESYSTEMS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FILESYSTEMS_FIELD_NUMBER: _ClassVar[int]
+    image_filesystems: _containers.RepeatedCompositeFieldContainer[FilesystemUsage]
+    container_filesystems: _containers.RepeatedCompositeFieldContainer[FilesystemUsage]
+    def __init__(self, image_filesystems: _Optional[_Iterable[_Union[FilesystemUsage, _Mapping]]] = ..., container_filesystems: _Optional[_Iterable[_Union[FilesystemUsage, _Mapping]]] = ...) -> None: ...
 
 class ImageFilter(_message.Message):
     __slots__ = ("image",)
