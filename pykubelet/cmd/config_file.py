@@ -26,7 +26,7 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 NOT_SUPPORTED = frozenset(
     {
         "cgroupDriver", "cgroupRoot",
-        "healthzPort", "healthzBindAddress", "evictionSoft", "featureGates",
+        "healthzPort", "healthzBindAddress", "featureGates",
         "imageGCHighThresholdPercent", "imageGCLowThresholdPercent", "serializeImagePulls",
         "registerNode",
         "nodeStatusUpdateFrequency", "nodeLeaseDurationSeconds", "shutdownGracePeriod",
@@ -124,6 +124,11 @@ class KubeletConfiguration(_Model):
     enforce_node_allocatable: list[str] | None = None
     system_reserved_cgroup: str | None = None
     kube_reserved_cgroup: str | None = None
+    eviction_soft: dict[str, str] | None = None
+    eviction_soft_grace_period: dict[str, str] | None = None
+    eviction_max_pod_grace_period: int | None = None
+    eviction_minimum_reclaim: dict[str, str] | None = None
+    eviction_pressure_transition_period: str | None = None
 
     @field_validator("kube_reserved", "system_reserved")
     @classmethod
@@ -132,11 +137,25 @@ class KubeletConfiguration(_Model):
             node_resources.parse_reserved(value)  # raises ValueError with the kubelet's reason
         return value
 
-    @field_validator("eviction_hard")
+    @field_validator("eviction_hard", "eviction_soft")
     @classmethod
     def _thresholds(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         if value is not None:
             node_resources.parse_thresholds(value)
+        return value
+
+    @field_validator("eviction_soft_grace_period")
+    @classmethod
+    def _grace_periods(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            node_resources.parse_grace_periods(value)
+        return value
+
+    @field_validator("eviction_minimum_reclaim")
+    @classmethod
+    def _minimum_reclaims(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            node_resources.parse_minimum_reclaims(value)
         return value
 
     @field_validator(
@@ -144,6 +163,7 @@ class KubeletConfiguration(_Model):
         "http_check_frequency",
         "sync_frequency",
         "streaming_connection_idle_timeout",
+        "eviction_pressure_transition_period",
     )
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
@@ -210,6 +230,20 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "enforce_node_allocatable": ("enforce_node_allocatable", list),
         "system_reserved_cgroup": ("system_reserved_cgroup", str),
         "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
+        "eviction_soft": ("eviction_soft", node_resources.parse_thresholds),
+        "eviction_soft_grace_period": (
+            "eviction_soft_grace_period",
+            node_resources.parse_grace_periods,
+        ),
+        "eviction_max_pod_grace_period": ("eviction_max_pod_grace_period", int),
+        "eviction_minimum_reclaim": (
+            "eviction_minimum_reclaim",
+            node_resources.parse_minimum_reclaims,
+        ),
+        "eviction_pressure_transition_period": (
+            "eviction_pressure_transition_period",
+            parse_duration,
+        ),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)

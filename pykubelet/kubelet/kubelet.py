@@ -36,6 +36,8 @@ from pykubelet.kubelet.admission import (
     admit,
     pod_requests,
 )
+from pykubelet.kubelet.eviction import EvictionAdmit, EvictionManager, Sampler
+from pykubelet.kubelet.eviction_policy import rules
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.pleg import PLEG, EventType, PodLifecycleEvent
 from pykubelet.kubelet.pod_store import PodStore, PodView
@@ -83,6 +85,7 @@ class Kubelet:
         objects: ObjectLookup,
         facts: MachineFacts,
         services: ServiceEnv | None = None,
+        stats: Sampler | None = None,
     ) -> None:
         self.options = options
         self.node_name = options.node_name
@@ -140,7 +143,30 @@ class Kubelet:
         )
         self._pods = PodStore()
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)
+        self._eviction = EvictionManager(
+            rules(
+                options.eviction_hard,
+                options.eviction_soft,
+                options.eviction_soft_grace_period,
+                options.eviction_minimum_reclaim,
+            ),
+            node_name=options.node_name,
+            root_dir=options.root_dir,
+            memory_capacity=self._resources.capacity["memory"],
+            sampler=stats,
+            runtime=runtime,
+            pods=self._pods,
+            is_active=self._uses_capacity,
+            killer=self._workers,
+            statuses=statuses,
+            recorder=recorder,
+            max_pod_grace_period=options.eviction_max_pod_grace_period,
+            transition_period=options.eviction_pressure_transition_period,
+            interval=options.eviction_monitoring_interval,
+        )
+        self._eviction_task: asyncio.Task[None] | None = None
         self._admission: list[AdmitHandler] = [
+            EvictionAdmit(self._eviction),
             NodeFeatures(options.allow_privileged, options.allowed_host_paths),
             ResourceFit(options.max_pods, allocatable),
         ]
@@ -213,6 +239,10 @@ class Kubelet:
         """Capacity, reservations and allocatable, as admission counts them."""
         return self._resources
 
+    def pressure_conditions(self) -> frozenset[str]:
+        """The node's pressure conditions that are True (the eviction manager's)."""
+        return self._eviction.pressure_conditions()
+
     def health_problems(self) -> list[str]:
         problems = []
         if not self._pleg.healthy():
@@ -226,10 +256,11 @@ class Kubelet:
     async def run(self, stop: asyncio.Event) -> None:
         """The PLEG and the sync loop, until `stop` is set; then `shutdown()` stops the pods."""
         self._pleg_task = asyncio.create_task(self._pleg.run(), name="pleg")
+        self._eviction_task = asyncio.create_task(self._eviction.run(), name="eviction")
         await self._sync_loop(stop)
 
     async def shutdown(self) -> None:
-        tasks = [self._pleg_task] if self._pleg_task is not None else []
+        tasks = [t for t in (self._pleg_task, self._eviction_task) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
