@@ -16,7 +16,10 @@ held for its grace period, reclaims what the node can and otherwise evicts one p
   1 s for a hard threshold (the kubelet's immediateEvictionGracePeriodSeconds) or
   min(--eviction-max-pod-grace-period, the pod's terminationGracePeriodSeconds) for a soft one.
   Before it acts, an `EvictionThresholdMet` warning on the node ("Attempting to reclaim
-  memory").
+  memory"). Once the evicted pod's containers have stopped, its volumes are removed (the
+  kubelet's volume manager tears down a terminated pod's volumes), which frees what an
+  emptyDir held. The next observation waits for that cleanup (at most 30 s), as the kubelet's
+  waitForPodsCleanup.
 - `EvictionAdmit` is the kubelet's eviction admit handler: under MemoryPressure alone,
   BestEffort pods are refused (unless they tolerate the memory-pressure taint); under any other
   pressure, every pod but critical ones.
@@ -67,6 +70,7 @@ log = logging.getLogger(__name__)
 
 MONITORING_INTERVAL = 10.0
 IMMEDIATE_GRACE_SECONDS = 1
+POD_CLEANUP_TIMEOUT = 30.0  # the kubelet's podCleanupTimeout
 MEMORY_PRESSURE_TAINT = "node.kubernetes.io/memory-pressure"
 # The taint each condition puts on the Node (the node lifecycle controller's, NoSchedule).
 PRESSURE_TAINTS = {
@@ -100,6 +104,10 @@ class Killer(Protocol):
     ) -> None: ...
 
 
+class PodVolumes(Protocol):
+    async def teardown(self, uid: str) -> None: ...
+
+
 class PressureView(Protocol):
     """What admission and the node status read of the manager."""
 
@@ -125,6 +133,7 @@ class EvictionManager:
         killer: Killer,
         statuses: StatusManager,
         recorder: EventRecorder,
+        volumes: PodVolumes | None = None,
         max_pod_grace_period: int = 0,
         transition_period: float = 300.0,
         interval: float = MONITORING_INTERVAL,
@@ -143,6 +152,9 @@ class EvictionManager:
         self._killer = killer
         self._statuses = statuses
         self._recorder = recorder
+        self._volumes = volumes
+        # Evicted pods not cleaned up yet (containers stopped, volumes removed): set when done.
+        self._evicted: dict[str, asyncio.Event] = {}
         self._max_pod_grace = max_pod_grace_period
         self.interval = interval
         self._clock = clock
@@ -159,12 +171,25 @@ class EvictionManager:
         PIDPressure)."""
         return self._state.conditions
 
+    async def on_terminated(self, uid: str, pod: Pod | None) -> None:
+        """Once an evicted pod's containers have stopped, its volumes go (the kubelet's volume
+        manager tears down a terminated pod's volumes; an emptyDir's data with them), so the
+        space it filled is reclaimed although the pod stays, Failed, in its source."""
+        cleaned = self._evicted.pop(uid, None)
+        if cleaned is None:
+            return
+        if self._volumes is not None:
+            await self._volumes.teardown(uid)
+            log.info("eviction manager: removed the volumes of evicted pod %s", uid)
+        cleaned.set()
+
     # --- the loop ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         while True:
+            evicted = None
             try:
-                await self.synchronize()
+                evicted = await self.synchronize()
                 if self._failing:
                     log.info("eviction manager: observing again")
                 self._failing = False
@@ -172,7 +197,23 @@ class EvictionManager:
                 if not self._failing:
                     log.exception("eviction manager: synchronize failed; retrying")
                 self._failing = True
-            await asyncio.sleep(self.interval)
+            if evicted is not None:
+                # As the kubelet: the next observation once the evicted pod is cleaned up
+                # (what it used given back), or after 30 s.
+                await self._wait_for_cleanup(evicted)
+            else:
+                await asyncio.sleep(self.interval)
+
+    async def _wait_for_cleanup(self, pod: Pod) -> None:
+        cleaned = self._evicted.get(pod.uid)
+        if cleaned is None:
+            return
+        try:
+            async with asyncio.timeout(POD_CLEANUP_TIMEOUT):
+                await cleaned.wait()
+            log.info("eviction manager: pod %s was cleaned up", pod.key)
+        except TimeoutError:
+            log.info("eviction manager: timed out waiting for pod %s to be cleaned up", pod.key)
 
     async def synchronize(self) -> Pod | None:
         """One observation and what follows from it; the pod evicted, if one was."""
@@ -340,6 +381,7 @@ class EvictionManager:
                 pod.uid,
                 status.model_copy(update={"phase": "Failed", "reason": REASON, "message": message}),
             )
+        self._evicted[pod.uid] = asyncio.Event()
         self._killer.update_pod(UpdateType.KILL, pod, grace=float(grace))
 
 

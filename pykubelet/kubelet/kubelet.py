@@ -160,11 +160,13 @@ class Kubelet:
             killer=self._workers,
             statuses=statuses,
             recorder=recorder,
+            volumes=volumes,
             max_pod_grace_period=options.eviction_max_pod_grace_period,
             transition_period=options.eviction_pressure_transition_period,
             interval=options.eviction_monitoring_interval,
         )
         self._eviction_task: asyncio.Task[None] | None = None
+        self._syncer.add_terminated_listener(self._eviction.on_terminated)
         self._admission: list[AdmitHandler] = [
             EvictionAdmit(self._eviction),
             NodeFeatures(options.allow_privileged, options.allowed_host_paths),

@@ -362,6 +362,32 @@ def test_a_hard_memory_threshold_evicts_the_top_ranked_pod_failed_evicted(tmp_pa
     assert quiet is not None and quiet.phase == "Running"
 
 
+class Volumes:
+    def __init__(self) -> None:
+        self.removed: list[str] = []
+
+    async def teardown(self, uid: str) -> None:
+        self.removed.append(uid)
+
+
+def test_an_evicted_pods_volumes_go_once_it_has_terminated(tmp_path: Path) -> None:
+    volumes = Volumes()
+    h = Harness(tmp_path, hard("memory.available", "100Mi"), volumes=volumes)
+    h.add(make_pod("hog"))
+    h.add(make_pod("other"))
+    h.sampler.pods = {"uid-hog": 900 * MI, "uid-other": 1}
+    h.sampler.working_set = 990 * MI
+
+    async def scenario() -> None:
+        await h.manager.synchronize()
+        await h.manager.on_terminated("uid-other", None)  # not evicted: its volumes stay
+        assert volumes.removed == []
+        await h.manager.on_terminated("uid-hog", None)
+
+    asyncio.run(scenario())
+    assert volumes.removed == ["uid-hog"]
+
+
 def test_one_pod_per_synchronize_and_critical_pods_are_never_evicted(tmp_path: Path) -> None:
     h = Harness(tmp_path, hard("memory.available", "100Mi"))
     h.add(make_pod("static-hog", static=True))
