@@ -2,8 +2,9 @@
 (10 s) it observes the signals, keeps the node's pressure conditions, and when a threshold has
 held for its grace period, reclaims what the node can and otherwise evicts one pod.
 
-- Observations: `memory.available` from a fresh sample of the stats collector (as the kubelet
-  asks its summary provider to update its stats), the file-system and pid signals read in a
+- Observations: `memory.available` from the stats collector's sample, a fresh one unless its
+  latest is younger than an interval (the kubelet asks its summary provider to update its
+  stats), the file-system and pid signals read in a
   thread (`eviction_signals`). What cannot be observed meets no threshold.
 - The decisions are `eviction_policy`'s: thresholds met (minimum reclaim), grace periods, the
   transition period of the conditions, the ranking and the messages.
@@ -31,6 +32,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -81,7 +83,9 @@ PRESSURE_TAINTS = {
 
 
 class Sampler(Protocol):
-    """The stats collector: a fresh sample of the node and its pods."""
+    """The stats collector: its latest sample, or a fresh one."""
+
+    def latest(self) -> NodeStats | None: ...
 
     async def sample(self) -> NodeStats: ...
 
@@ -155,6 +159,7 @@ class EvictionManager:
         self._volumes = volumes
         # Evicted pods not cleaned up yet (containers stopped, volumes removed): set when done.
         self._evicted: dict[str, asyncio.Event] = {}
+        self._evicted_at = datetime.min.replace(tzinfo=UTC)
         self._max_pod_grace = max_pod_grace_period
         self.interval = interval
         self._clock = clock
@@ -181,6 +186,7 @@ class EvictionManager:
         if self._volumes is not None:
             await self._volumes.teardown(uid)
             log.info("eviction manager: removed the volumes of evicted pod %s", uid)
+        self._evicted_at = datetime.now(UTC)  # samples before this still count what it used
         cleaned.set()
 
     # --- the loop ---------------------------------------------------------------------------
@@ -259,6 +265,14 @@ class EvictionManager:
             "allocatableMemory.available",
         }:
             return None
+        # The collector's own sample when it is younger than an interval (it samples every
+        # 10 s too): the cost of a sample is not paid twice.
+        # Never one taken before the last evicted pod stopped: what it used is gone since.
+        latest = self._sampler.latest()
+        if latest is not None and latest.time > self._evicted_at:
+            age = (datetime.now(UTC) - latest.time).total_seconds()
+            if 0 <= age < self.interval:
+                return latest
         return await self._sampler.sample()
 
     async def _observe(self, stats: NodeStats | None) -> dict[str, Observation]:
@@ -382,6 +396,7 @@ class EvictionManager:
                 status.model_copy(update={"phase": "Failed", "reason": REASON, "message": message}),
             )
         self._evicted[pod.uid] = asyncio.Event()
+        self._evicted_at = datetime.now(UTC)
         self._killer.update_pod(UpdateType.KILL, pod, grace=float(grace))
 
 

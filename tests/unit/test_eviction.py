@@ -280,6 +280,9 @@ class Sampler:
         self.working_set = 0
         self.pods: dict[str, int] = {}
 
+    def latest(self) -> NodeStats | None:
+        return None  # never fresh enough: every observation samples
+
     async def sample(self) -> NodeStats:
         now = datetime.now(UTC)
 
@@ -386,6 +389,40 @@ def test_an_evicted_pods_volumes_go_once_it_has_terminated(tmp_path: Path) -> No
 
     asyncio.run(scenario())
     assert volumes.removed == ["uid-hog"]
+
+
+def test_the_collectors_fresh_sample_is_reused_but_never_one_from_before_an_eviction(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path, hard("memory.available", "100Mi"))
+    h.add(make_pod("hog"))
+    samples: list[NodeStats] = []
+    take = h.sampler.sample
+
+    async def sample() -> NodeStats:
+        samples.append(await take())
+        return samples[-1]
+
+    h.sampler.sample = sample  # type: ignore[method-assign]
+    h.sampler.latest = lambda: samples[-1] if samples else None  # type: ignore[method-assign]
+    h.sampler.pods = {"uid-hog": 900 * MI}
+    h.sampler.working_set = 500 * MI
+
+    async def scenario() -> None:
+        await h.manager.synchronize()  # nothing sampled yet: a sample
+        await h.manager.synchronize()  # the collector's, younger than the interval
+        assert len(samples) == 1
+        h.sampler.working_set = 990 * MI
+        samples.clear()
+        await h.manager.synchronize()
+        assert h.killer.kills == [("hog", 1.0)]
+        await h.manager.on_terminated("uid-hog", None)
+        h.sampler.working_set = 500 * MI
+        await h.manager.synchronize()  # the pre-eviction sample is not reused
+        assert len(samples) == 2
+
+    asyncio.run(scenario())
+    assert h.killer.kills == [("hog", 1.0)]
 
 
 def test_one_pod_per_synchronize_and_critical_pods_are_never_evicted(tmp_path: Path) -> None:
