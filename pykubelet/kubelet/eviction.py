@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from pykubelet.api.model import Pod
 from pykubelet.api.qos import BEST_EFFORT, qos_class
 from pykubelet.api.static import CONFIG_SOURCE
+from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE
 from pykubelet.kubelet.admission import ADMIT, AdmitResult, NodeUsage
@@ -253,6 +254,7 @@ class EvictionManager:
                 continue
             message = eviction_message(rule, observations.get(rule.signal), pod, usage.get(pod.uid))
             self._evict(pod, self._grace(rule, pod), message)
+            metrics.evictions.labels(rule.signal).inc()
             return pod
         log.info("eviction manager: unable to evict any pods from the node")
         return None

@@ -16,6 +16,7 @@ from pykubelet.api.model import Pod, PodStatus
 from pykubelet.cluster.node import node_status, with_pressure_taints
 from pykubelet.cmd.cli import parse_options
 from pykubelet.cmd.config_file import dump
+from pykubelet.common import metrics
 from pykubelet.common.allocatable import Threshold, percentage
 from pykubelet.common.events import EventRecorder
 from pykubelet.common.machine import MachineFacts
@@ -360,6 +361,10 @@ def test_a_hard_memory_threshold_evicts_the_top_ranked_pod_failed_evicted(tmp_pa
     )
     assert h.events("Evicted") == [status.message]
     assert h.events("EvictionThresholdMet") == ["Attempting to reclaim memory"]
+    counted = metrics.REGISTRY.get_sample_value(
+        "kubelet_evictions_total", {"eviction_signal": "memory.available"}
+    )
+    assert counted is not None and counted >= 1
     assert h.manager.pressure_conditions() == {"MemoryPressure"}
     quiet = h.statuses.get("uid-quiet")
     assert quiet is not None and quiet.phase == "Running"
