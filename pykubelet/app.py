@@ -241,6 +241,7 @@ async def run_agent(opts: Options) -> int:
         connection = ApiConnection(opts.kubeconfig, opts.node_name)
         objects = ApiObjectLookup(connection)
         services = ServiceWatch()  # the service variables' Services
+    stats = StatsCollector(runtime, opts.node_name)
     kubelet = Kubelet(
         opts,
         runtime,
@@ -252,6 +253,7 @@ async def run_agent(opts: Options) -> int:
         facts=facts,
         services=services,
         on_sync_loop=notifier.watchdog,
+        stats=stats,
     )
     reservation_problems = kubelet.node_resources().problems()
     if reservation_problems:  # as the kubelet's validateNodeAllocatable, which stops its start
@@ -261,7 +263,6 @@ async def run_agent(opts: Options) -> int:
         )
         return 1
     tasks: list[Task] = _sources(opts, pod_config, recorder)
-    stats = StatsCollector(runtime, opts.node_name)
     cluster = None
     if connection is not None:
         from pykubelet.cluster.cluster import Cluster

@@ -62,6 +62,8 @@ class KubeletView(Protocol):
 
     def node_resources(self) -> NodeResources: ...
 
+    def pressure_conditions(self) -> frozenset[str]: ...
+
     def add_terminated_listener(
         self, listener: Callable[[str, Pod | None], Awaitable[None]]
     ) -> None: ...
@@ -106,6 +108,7 @@ class Cluster:
                 provider_id=opts.provider_id,
             ),
             node_runtime=node_runtime,
+            pressure=kubelet.pressure_conditions,
         )
         self.mirrors = MirrorPods(kubelet.pods, self.source, self.node, opts.node_name)
         self.events = EventSink(opts.node_name)

@@ -19,7 +19,10 @@ As the kubelet:
   10 s and patched when it changed, and at least every minute (the kubelet's
   nodeStatusReportFrequency is 5 minutes; a minute is the issue's choice). Ready is False while
   the agent reports a health problem (the PLEG or the sync loop stuck), with that problem as
-  its message.
+  its message. MemoryPressure, DiskPressure and PIDPressure are the eviction manager's, in the
+  kubelet's reasons and messages; while one is True its taint
+  (`node.kubernetes.io/memory-pressure:NoSchedule`, ...) is on the Node's spec.taints, merged
+  with the other taints (the node lifecycle controller's work in a cluster, done here).
 
 Capacity: cpu is the CPUs this process may use, memory MemTotal, pods `--max-pods`,
 ephemeral-storage the size of the file system of `--root-dir`. Allocatable is capacity less
@@ -117,6 +120,45 @@ def _condition(type_: str, ok: bool, reason: str, message: str) -> Obj:
     }
 
 
+# The kubelet's pressure conditions (nodestatus/setters.go): reason and message when True, when
+# False; and the taint the node lifecycle controller puts on a node with the condition True.
+_PRESSURE = (
+    ("MemoryPressure",
+     ("KubeletHasInsufficientMemory", "kubelet has insufficient memory available"),
+     ("KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+     "node.kubernetes.io/memory-pressure"),
+    ("DiskPressure",
+     ("KubeletHasDiskPressure", "kubelet has disk pressure"),
+     ("KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+     "node.kubernetes.io/disk-pressure"),
+    ("PIDPressure",
+     ("KubeletHasInsufficientPID", "kubelet has insufficient PID available"),
+     ("KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+     "node.kubernetes.io/pid-pressure"),
+)  # fmt: skip
+PRESSURE_TAINT_KEYS = frozenset(taint for *_, taint in _PRESSURE)
+
+
+def pressure_conditions(pressure: frozenset[str]) -> list[Obj]:
+    out = []
+    for type_, true, false, _ in _PRESSURE:
+        reason, message = true if type_ in pressure else false
+        out.append(_condition(type_, type_ in pressure, reason, message))
+    return out
+
+
+def with_pressure_taints(taints: list[Obj], pressure: frozenset[str]) -> list[Obj]:
+    """`taints` with the pressure taints (NoSchedule) of exactly the conditions in `pressure`;
+    every other taint kept as it is."""
+    out = [t for t in taints if t.get("key") not in PRESSURE_TAINT_KEYS]
+    out += [
+        {"key": taint, "effect": "NoSchedule"}
+        for type_, *_, taint in _PRESSURE
+        if type_ in pressure
+    ]
+    return out
+
+
 def node_status(
     facts: MachineFacts,
     host_ip: str,
@@ -125,6 +167,7 @@ def node_status(
     problems: list[str],
     kubelet_port: int = 0,
     resources: NodeResources | None = None,
+    pressure: frozenset[str] = frozenset(),
     *,
     addresses: list[Obj] | None = None,
     runtime_version: str | None = None,
@@ -136,12 +179,7 @@ def node_status(
     capacity = resources.node_quantities("capacity")
     ready = not problems
     conditions = [
-        _condition("MemoryPressure", False, "KubeletHasSufficientMemory",
-                   "kubelet has sufficient memory available"),
-        _condition("DiskPressure", False, "KubeletHasNoDiskPressure",
-                   "kubelet has no disk pressure"),
-        _condition("PIDPressure", False, "KubeletHasSufficientPID",
-                   "kubelet has sufficient PID available"),
+        *pressure_conditions(pressure),
         _condition("Ready", ready, "KubeletReady" if ready else "KubeletNotReady",
                    "kubelet is posting ready status" if ready else "; ".join(problems)),
     ]  # fmt: skip
@@ -200,6 +238,7 @@ class NodeAgent:
         facts: MachineFacts,
         health_problems: Callable[[], list[str]],
         resources: NodeResources | None = None,
+        pressure: Callable[[], frozenset[str]] = frozenset,
         lease_period: float = LEASE_PERIOD,
         status_period: float = STATUS_PERIOD,
         report_period: float = STATUS_REPORT_PERIOD,
@@ -219,6 +258,8 @@ class NodeAgent:
         self._facts = facts
         self._health_problems = health_problems
         self._resources = resources
+        self._pressure = pressure
+        self._tainted: frozenset[str] | None = None  # the pressure last put in spec.taints
         self._kubelet_port = 0
         self.lease_period = lease_period
         self.status_period = status_period
@@ -249,6 +290,7 @@ class NodeAgent:
             self._health_problems(),
             self._kubelet_port,
             self._resources,
+            self._pressure(),
             addresses=self._addresses,
             runtime_version=self._runtime_version,
             images=self._images,
@@ -434,6 +476,19 @@ class NodeAgent:
 
         return strip(status) == strip(self._reported)
 
+    async def sync_pressure_taints(self, api: KubeApi) -> None:
+        """Put the pressure conditions' taints on the Node's spec.taints when they changed
+        (read, merged with the other taints, patched)."""
+        pressure = self._pressure()
+        if pressure == self._tainted:
+            return
+        node = await api.get(self.path)
+        taints = list((node.get("spec") or {}).get("taints") or [])
+        wanted = with_pressure_taints(taints, pressure)
+        if wanted != taints:
+            await api.patch(self.path, {"spec": {"taints": wanted}}, kind="merge")
+        self._tainted = pressure
+
     async def update_status(self, api: KubeApi, force: bool = False) -> bool:
         """Patch the status if it changed or is due; True if it was sent."""
         loop = asyncio.get_running_loop()
@@ -461,6 +516,7 @@ class NodeAgent:
             await asyncio.sleep(self.status_period)
             try:
                 await self.update_status(api)
+                await self.sync_pressure_taints(api)
                 self._status_failures.ok()
             except ApiError as exc:
                 self._status_failures.failed(exc, " (retrying)")

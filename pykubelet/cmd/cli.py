@@ -161,6 +161,47 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
         "nodefs.inodesFree<5%%,imagefs.available<15%%; a value replaces them all)",
     )
     group.add_argument(
+        "--eviction-soft",
+        type=_map("<"),
+        action="append",
+        dest="eviction_soft_flags",
+        metavar="SIGNAL<QUANTITY[,...]",
+        help="soft eviction thresholds: evict once crossed for their grace period (default none)",
+    )
+    for flag, metavar, what in (
+        ("soft-grace-period", "SIGNAL=DURATION", "how long each soft threshold must hold"),
+        ("minimum-reclaim", "SIGNAL=QUANTITY", "what eviction reclaims past each threshold"),
+    ):
+        group.add_argument(
+            f"--eviction-{flag}",
+            type=_map("="),
+            action="append",
+            dest=f"eviction_{flag.replace('-', '_')}_flags",
+            metavar=f"{metavar}[,...]",
+            help=f"{what} (default none)",
+        )
+    group.add_argument(
+        "--eviction-max-pod-grace-period",
+        type=int,
+        default=0,
+        metavar="SECONDS",
+        help="the longest grace period a soft eviction gives a pod (default 0)",
+    )
+    group.add_argument(
+        "--eviction-pressure-transition-period",
+        type=_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="how long a pressure condition stays after its threshold was last crossed (5m)",
+    )
+    group.add_argument(
+        "--eviction-monitoring-interval",
+        type=_duration,
+        default=10.0,
+        metavar="DURATION",
+        help="how often the eviction signals are observed (10s, the kubelet's housekeeping)",
+    )
+    group.add_argument(
         "--enforce-node-allocatable",
         type=_list,
         default=["pods"],
@@ -645,18 +686,26 @@ def _node_allocatable(parser: argparse.ArgumentParser, ns: argparse.Namespace) -
         "enforce_node_allocatable": ns.enforce_node_allocatable,
         "system_reserved_cgroup": ns.system_reserved_cgroup,
         "kube_reserved_cgroup": ns.kube_reserved_cgroup,
+        "eviction_max_pod_grace_period": ns.eviction_max_pod_grace_period,
+        "eviction_pressure_transition_period": ns.eviction_pressure_transition_period,
+        "eviction_monitoring_interval": ns.eviction_monitoring_interval,
     }
-    for dest in ("kube_reserved", "system_reserved", "eviction_hard"):
+    parsers: dict[str, Callable[[dict[str, str]], Any]] = {
+        "kube_reserved": node_resources.parse_reserved,
+        "system_reserved": node_resources.parse_reserved,
+        "eviction_hard": node_resources.parse_thresholds,
+        "eviction_soft": node_resources.parse_thresholds,
+        "eviction_soft_grace_period": node_resources.parse_grace_periods,
+        "eviction_minimum_reclaim": node_resources.parse_minimum_reclaims,
+    }
+    for dest, parse in parsers.items():
         flags = getattr(ns, f"{dest}_flags")
         if flags is None:
             if hasattr(ns, dest):  # from --config
                 out[dest] = getattr(ns, dest)
             continue
         try:
-            if dest == "eviction_hard":
-                out[dest] = node_resources.parse_thresholds(_merged(flags))
-            else:
-                out[dest] = node_resources.parse_reserved(_merged(flags))
+            out[dest] = parse(_merged(flags))
         except ValueError as exc:
             parser.error(f"--{dest.replace('_', '-')}: {exc}")
     return out

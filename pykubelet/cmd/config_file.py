@@ -36,7 +36,7 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 # KubeletConfiguration fields we know and do not implement: named so, not "unknown".
 NOT_SUPPORTED = frozenset(
     {
-        "cgroupRoot", "evictionSoft", "featureGates", "serializeImagePulls",
+        "cgroupRoot", "featureGates", "serializeImagePulls",
         "nodeLeaseDurationSeconds",
     }
 )  # fmt: skip
@@ -95,11 +95,6 @@ IGNORED: dict[str, Ignored] = {
         "the back-off of restarted containers is the kubelet's default (10s doubling to 5m)",
         _empty_or("maxContainerRestartPeriod", "0s", "5m", "5m0s", "300s"),
         "maxContainerRestartPeriod: only the default 5m is supported",
-    ),
-    "evictionPressureTransitionPeriod": Ignored(
-        "pykubelet reports no eviction pressure conditions to hold",
-        _duration_is(300.0),
-        "only the default 5m is supported (node-pressure eviction is not implemented)",
     ),
     "healthzBindAddress": Ignored(
         "pykubelet serves /healthz on the read-only port (--read-only-port) and the kubelet API "
@@ -286,6 +281,12 @@ class KubeletConfiguration(_Model):
             to_bytes(value)  # raises QuantityError (a ValueError) saying why
         return value
 
+    eviction_soft: dict[str, str] | None = None
+    eviction_soft_grace_period: dict[str, str] | None = None
+    eviction_max_pod_grace_period: int | None = None
+    eviction_minimum_reclaim: dict[str, str] | None = None
+    eviction_pressure_transition_period: str | None = None
+
     @field_validator("kube_reserved", "system_reserved")
     @classmethod
     def _reserved(cls, value: dict[str, str] | None) -> dict[str, str] | None:
@@ -293,7 +294,7 @@ class KubeletConfiguration(_Model):
             node_resources.parse_reserved(value)  # raises ValueError with the kubelet's reason
         return value
 
-    @field_validator("eviction_hard")
+    @field_validator("eviction_hard", "eviction_soft")
     @classmethod
     def _thresholds(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         if value is not None:
@@ -311,6 +312,20 @@ class KubeletConfiguration(_Model):
         check_duplicate_taints(taints)
         return value
 
+    @field_validator("eviction_soft_grace_period")
+    @classmethod
+    def _grace_periods(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            node_resources.parse_grace_periods(value)
+        return value
+
+    @field_validator("eviction_minimum_reclaim")
+    @classmethod
+    def _minimum_reclaims(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None:
+            node_resources.parse_minimum_reclaims(value)
+        return value
+
     @field_validator(
         "file_check_frequency",
         "http_check_frequency",
@@ -318,6 +333,7 @@ class KubeletConfiguration(_Model):
         "streaming_connection_idle_timeout",
         "image_minimum_gc_age",
         "container_log_monitor_interval",
+        "eviction_pressure_transition_period",
     )
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
@@ -423,6 +439,20 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "container_log_max_size": ("container_log_max_size", to_bytes),
         "container_log_max_files": ("container_log_max_files", int),
         "container_log_monitor_interval": ("container_log_monitor_interval", parse_duration),
+        "eviction_soft": ("eviction_soft", node_resources.parse_thresholds),
+        "eviction_soft_grace_period": (
+            "eviction_soft_grace_period",
+            node_resources.parse_grace_periods,
+        ),
+        "eviction_max_pod_grace_period": ("eviction_max_pod_grace_period", int),
+        "eviction_minimum_reclaim": (
+            "eviction_minimum_reclaim",
+            node_resources.parse_minimum_reclaims,
+        ),
+        "eviction_pressure_transition_period": (
+            "eviction_pressure_transition_period",
+            parse_duration,
+        ),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)

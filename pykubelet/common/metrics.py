@@ -61,6 +61,12 @@ runtime_operation_errors = Counter(
     ["operation_type"],
     registry=REGISTRY,
 )
+evictions = Counter(
+    "kubelet_evictions",
+    "Cumulative number of pod evictions by eviction signal",
+    ["eviction_signal"],
+    registry=REGISTRY,
+)
 source_updates = Counter(
     "pykubelet_source_updates",
     "Pod updates a source delivered to the merger",

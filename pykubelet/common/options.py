@@ -141,6 +141,16 @@ class Options:
     container_log_max_size: int = 10 * 1024 * 1024
     container_log_max_files: int = 5
     container_log_monitor_interval: float = 10.0
+    # Eviction (kubelet/eviction.py): soft thresholds and their grace periods (seconds, by
+    # signal), the longest grace a soft eviction gives, what must be reclaimed past a
+    # threshold (by signal; Threshold used as an amount), how long a pressure condition stays
+    # after it was last observed, and how often the signals are observed.
+    eviction_soft: tuple[Threshold, ...] = ()
+    eviction_soft_grace_period: dict[str, float] = field(default_factory=dict)
+    eviction_max_pod_grace_period: int = 0
+    eviction_minimum_reclaim: dict[str, Threshold] = field(default_factory=dict)
+    eviction_pressure_transition_period: float = 300.0
+    eviction_monitoring_interval: float = 10.0
     log_format: str = "text"
     verbosity: int = 0
 
@@ -208,6 +218,17 @@ class Options:
             "containerLogMaxSize": str(self.container_log_max_size),
             "containerLogMaxFiles": self.container_log_max_files,
             "containerLogMonitorInterval": format_duration(self.container_log_monitor_interval),
+            "evictionSoft": {t.signal: t.given for t in self.eviction_soft},
+            "evictionSoftGracePeriod": {
+                k: format_duration(v) for k, v in self.eviction_soft_grace_period.items()
+            },
+            "evictionMaxPodGracePeriod": self.eviction_max_pod_grace_period,
+            "evictionMinimumReclaim": {
+                k: t.given for k, t in self.eviction_minimum_reclaim.items()
+            },
+            "evictionPressureTransitionPeriod": format_duration(
+                self.eviction_pressure_transition_period
+            ),
             "logging": {"format": self.log_format, "verbosity": self.verbosity},
         }
 
@@ -279,6 +300,7 @@ class Options:
             )
         problems.extend(self._node_allocatable_problems())
         problems.extend(self._gc_problems())
+        problems.extend(self._eviction_problems())
         if not 0 <= self.read_only_port <= 65535:
             problems.append("--read-only-port: must be between 0 and 65535")
         if not 0 <= self.port <= 65535:
@@ -326,6 +348,20 @@ class Options:
                 f"supported are {', '.join(RUNTIMES)}"
             )
         return problems
+
+    def _eviction_problems(self) -> list[str]:
+        """The kubelet's ParseThresholdConfig: a soft threshold needs its grace period."""
+        out = [
+            f"--eviction-soft: grace period must be specified for the soft eviction threshold "
+            f"{t.signal}"
+            for t in self.eviction_soft
+            if t.signal not in self.eviction_soft_grace_period
+        ]
+        if self.eviction_pressure_transition_period < 0:
+            out.append("--eviction-pressure-transition-period: must not be negative")
+        if self.eviction_monitoring_interval <= 0:
+            out.append("--eviction-monitoring-interval: must be greater than 0")
+        return out
 
     def _node_allocatable_problems(self) -> list[str]:
         """The kubelet's validation of enforceNodeAllocatable, in its words."""

@@ -38,6 +38,8 @@ from pykubelet.kubelet.admission import (
 )
 from pykubelet.kubelet.container_gc import ContainerGC, ContainerGCPolicy
 from pykubelet.kubelet.container_gc import run_periodically as run_container_gc
+from pykubelet.kubelet.eviction import EvictionAdmit, EvictionManager, Sampler
+from pykubelet.kubelet.eviction_policy import rules
 from pykubelet.kubelet.housekeeping import Housekeeping
 from pykubelet.kubelet.image_gc import ImageGC, ImageGCPolicy
 from pykubelet.kubelet.image_gc import run_periodically as run_image_gc
@@ -95,6 +97,7 @@ class Kubelet:
         facts: MachineFacts,
         services: ServiceEnv | None = None,
         on_sync_loop: Callable[[], None] | None = None,
+        stats: Sampler | None = None,
     ) -> None:
         """`on_sync_loop` is called at each turn of the sync loop (the service manager's
         watchdog: a loop that stops turning gets the agent restarted)."""
@@ -155,7 +158,31 @@ class Kubelet:
         )
         self._pods = PodStore()
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)
+        self._eviction = EvictionManager(
+            rules(
+                options.eviction_hard,
+                options.eviction_soft,
+                options.eviction_soft_grace_period,
+                options.eviction_minimum_reclaim,
+            ),
+            node_name=options.node_name,
+            root_dir=options.root_dir,
+            memory_capacity=self._resources.capacity["memory"],
+            sampler=stats,
+            runtime=runtime,
+            pods=self._pods,
+            is_active=self._uses_capacity,
+            killer=self._workers,
+            statuses=statuses,
+            recorder=recorder,
+            volumes=volumes,
+            max_pod_grace_period=options.eviction_max_pod_grace_period,
+            transition_period=options.eviction_pressure_transition_period,
+            interval=options.eviction_monitoring_interval,
+        )
+        self._syncer.add_terminated_listener(self._eviction.on_terminated)
         self._admission: list[AdmitHandler] = [
+            EvictionAdmit(self._eviction),
             NodeFeatures(options.allow_privileged, options.allowed_host_paths),
             SysctlAllowlist(options.allowed_unsafe_sysctls),
             ResourceFit(options.max_pods, allocatable),
@@ -249,6 +276,10 @@ class Kubelet:
         """Capacity, reservations and allocatable, as admission counts them."""
         return self._resources
 
+    def pressure_conditions(self) -> frozenset[str]:
+        """The node's pressure conditions that are True (the eviction manager's)."""
+        return self._eviction.pressure_conditions()
+
     def health_problems(self) -> list[str]:
         problems = []
         if not self._pleg.healthy():
@@ -264,6 +295,7 @@ class Kubelet:
         self._pleg_task = asyncio.create_task(self._pleg.run(), name="pleg")
         ready = self.pod_config.all_sources_ready
         self._background = [
+            asyncio.create_task(self._eviction.run(), name="eviction"),
             asyncio.create_task(
                 run_container_gc(self._container_gc, self.options.container_gc_period, ready, stop),
                 name="container-gc",

@@ -74,7 +74,10 @@ def test_flags_win(tmp_path: Path) -> None:
             config_file.dump({"staticPodURLHeader": {"A": "b"}}),
             "staticPodURLHeader.A: Input should be a valid list",
         ),
-        (config_file.dump({"evictionSoft": {}}), "evictionSoft: not supported by pykubelet yet"),
+        (
+            config_file.dump({"serializeImagePulls": True}),
+            "serializeImagePulls: not supported by pykubelet yet",
+        ),
         ("- a\n", "expected a KubeletConfiguration object"),
         ("a: [", "invalid YAML"),
     ],

@@ -20,7 +20,7 @@ IMPLEMENTED = {
     "apiVersion", "kind", "authentication", "authorization", "containerRuntimeEndpoint",
     "fileCheckFrequency", "httpCheckFrequency", "logging", "staticPodPath",
     "streamingConnectionIdleTimeout", "syncFrequency", "clusterDNS", "clusterDomain",
-    "resolvConf", "imageMinimumGCAge",
+    "resolvConf", "imageMinimumGCAge", "evictionPressureTransitionPeriod",
 }  # fmt: skip
 
 
