@@ -124,6 +124,8 @@ class KubeletConfiguration(_Model):
     enforce_node_allocatable: list[str] | None = None
     system_reserved_cgroup: str | None = None
     kube_reserved_cgroup: str | None = None
+    rotate_certificates: bool | None = None
+    server_tls_bootstrap: bool | None = Field(default=None, alias="serverTLSBootstrap")
 
     @field_validator("kube_reserved", "system_reserved")
     @classmethod
@@ -210,6 +212,8 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "enforce_node_allocatable": ("enforce_node_allocatable", list),
         "system_reserved_cgroup": ("system_reserved_cgroup", str),
         "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
+        "rotate_certificates": ("rotate_certificates", bool),
+        "server_tls_bootstrap": ("server_tls_bootstrap", bool),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)
