@@ -189,20 +189,23 @@ async def request_certificate(
 ) -> bytes:
     """Submit a CSR (or find ours again by name) and wait for its certificate (PEM)."""
     body = csr_object(key, template, name)
-    try:
-        created = await api.create(CSR_PATH, body)
-    except ApiError as exc:
-        if exc.status != 409 or name is None:
-            raise CertificateError(f"cannot create a certificate signing request: {exc}") from None
-        created = await api.get(f"{CSR_PATH}/{name}")
-        if (created.get("spec") or {}).get("request") != body["spec"]["request"]:
-            raise CertificateError(
-                f"certificate signing request {name} exists with another request"
-            ) from None
-    name = str(created["metadata"]["name"])
-    log.info("certificate signing request %s sent (%s), waiting for it", name, template.signer)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
+    retry = Retry(1.0, 30.0)
+    while True:
+        try:
+            created = await _create(api, body, name)
+            break
+        except ApiError as exc:
+            # An API server away or failing is waited for, as the kubelet's bootstrap does.
+            if not (exc.unreachable or exc.status >= 500) or loop.time() >= deadline:
+                raise CertificateError(
+                    f"cannot create a certificate signing request: {exc}"
+                ) from None
+            log.warning("creating a certificate signing request: %s (retrying)", exc)
+            await asyncio.sleep(retry.delay())
+    name = str(created["metadata"]["name"])
+    log.info("certificate signing request %s sent (%s), waiting for it", name, template.signer)
     obj = created
     while True:
         pem = issued_certificate(obj)
@@ -222,6 +225,19 @@ async def request_certificate(
             if exc.status == 404:
                 raise CertificateError(f"certificate signing request {name} was deleted") from None
             log.debug("reading certificate signing request %s: %s", name, exc)
+
+
+async def _create(api: CsrApi, body: Obj, name: str | None) -> Obj:
+    """The CSR created, or ours found again by its name (a restarted bootstrap)."""
+    try:
+        return await api.create(CSR_PATH, body)
+    except ApiError as exc:
+        if exc.status != 409 or name is None:
+            raise
+    found = await api.get(f"{CSR_PATH}/{name}")
+    if (found.get("spec") or {}).get("request") != body["spec"]["request"]:
+        raise CertificateError(f"certificate signing request {name} exists with another request")
+    return found
 
 
 def _check_matches(pem: bytes, key: ec.EllipticCurvePrivateKey, name: str) -> None:

@@ -23,6 +23,7 @@ from cryptography import x509
 from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import NODE, Agent, wait_for
 from tests.integration.kubelet_node import https_apiserver
+from tests.integration.test_kubelet_api import kubectl
 
 TOKEN_ID, TOKEN_SECRET = "abcdef", "0123456789abcdef"
 
@@ -148,7 +149,11 @@ def test_the_serving_certificate_comes_from_a_kubelet_serving_csr(
     assert "127.0.0.1" in [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)]
     # Not auto-approved (csrapproving leaves serving certificates to the cluster's admin).
     assert "conditions" not in (csr.get("status") or {})  # type: ignore[operator]
-    apiserver.approve_csr(csr["metadata"]["name"])  # type: ignore[index]
+    name = csr["metadata"]["name"]  # type: ignore[index]
+    admin = apiserver.write_kubeconfig(tmp_path / "admin.conf")
+    approved = kubectl(admin, "certificate", "approve", name)
+    assert approved.returncode == 0, approved.stderr
+    assert f"certificatesigningrequest.certificates.k8s.io/{name} approved" in approved.stdout
     cert = wait_for(
         "the issued serving certificate on the kubelet port",
         lambda: (

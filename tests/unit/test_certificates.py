@@ -351,3 +351,22 @@ async def test_fixture_csr_validation(https_server: ApiServer, tmp_path: Path) -
         assert "usages did not match" in failed[0]["message"]
     finally:
         await api.close()
+
+
+def test_flags_and_config_fields(tmp_path: Path) -> None:
+    from pykubelet.cmd.cli import parse_options
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\n"
+        "rotateCertificates: true\nserverTLSBootstrap: true\n"
+    )
+    opts = parse_options(
+        ["--config", str(config), "--kubeconfig", "kc", "--bootstrap-kubeconfig", "b"]
+    )
+    assert opts.rotate_certificates and opts.server_tls_bootstrap
+    assert opts.bootstrap_kubeconfig == Path("b")
+    configz = opts.kubelet_configuration()
+    assert configz["rotateCertificates"] is True and configz["serverTLSBootstrap"] is True
+    with pytest.raises(SystemExit):
+        parse_options(["--bootstrap-kubeconfig", "b"])  # needs --kubeconfig
