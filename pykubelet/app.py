@@ -399,8 +399,16 @@ async def _certificate_tasks(
     cert_dir = opts.certificate_dir
     if opts.rotate_certificates and opts.kubeconfig is not None:
         if await asyncio.to_thread(uses_store, opts.kubeconfig, cert_dir):
+
+            def expired() -> None:
+                # The kubelet's os.Exit: its restart bootstraps again; the pods keep running
+                # and the next agent adopts them.
+                log.error("exiting: no valid client certificate")
+                logging.shutdown()
+                os._exit(1)
+
             client = CertificateManager(
-                client_template(opts.node_name), cert_dir, connection.reload
+                client_template(opts.node_name), cert_dir, connection.reload, on_expired=expired
             )
             tasks.append(("certificate-client", connection.with_api(client.run)))
         else:

@@ -12,7 +12,9 @@ under --cert-dir, and rotation (client-go's certificate manager, as the kubelet 
   counted from its notBefore.
 - `CertificateManager` renews at that deadline with a new key and a new CSR, sent with the current
   credentials, then tells its listener (the client is rebuilt, or the serving certificate
-  reloaded); a denied or failed CSR is logged with its name and reason and retried with back-off.
+  reloaded); a denied or failed CSR is logged with its name and reason and retried with back-off;
+  a client certificate expired for 5 minutes without a new one calls `on_expired` (the agent
+  exits, as the kubelet, so that its restart bootstraps again).
 
 Keys never reach a log line. File work runs in threads (`asyncio.to_thread`).
 """
@@ -56,6 +58,7 @@ POLL_SECONDS = 1.0
 # How long the bootstrap waits for its CSR to be issued (the kubelet's hour).
 BOOTSTRAP_WAIT_SECONDS = 3600.0
 ROTATION_WAIT_SECONDS = 900.0
+EXIT_AFTER_SECONDS = 300.0  # the kubelet's exitAfter of its client transport
 
 
 class CertificateError(Exception):
@@ -338,11 +341,17 @@ class CertificateManager:
         cert_dir: Path,
         on_rotated: Callable[[Path], Awaitable[None]],
         wait_seconds: float = ROTATION_WAIT_SECONDS,
+        on_expired: Callable[[], None] | None = None,
+        exit_after: float = EXIT_AFTER_SECONDS,
     ) -> None:
         self._template = template
         self._cert_dir = cert_dir
         self._on_rotated = on_rotated
         self._wait = wait_seconds
+        # The client's: its certificate expired this long ago and no new one came (the kubelet
+        # exits then, so that a restart bootstraps again).
+        self._on_expired = on_expired
+        self._exit_after = exit_after
         self.rotations = 0
 
     def current(self) -> Stored | None:
@@ -378,12 +387,25 @@ class CertificateManager:
                     log.error(
                         "rotating the %s certificate: %s (retrying in %.0fs)", what, exc, delay
                     )
+                    self._check_expired(stored)
                     await asyncio.sleep(delay)
             retry.reset()
             self.rotations += 1
             done = "rotated" if stored is not None else "issued"
             log.info("certificate %s %s: %s", what, done, path)
             await self._on_rotated(path)
+
+    def _check_expired(self, stored: Stored | None) -> None:
+        if self._on_expired is None or stored is None:
+            return
+        now = datetime.datetime.now(datetime.UTC)
+        if now >= stored.not_after + datetime.timedelta(seconds=self._exit_after):
+            log.error(
+                "the client certificate expired at %s and no new one was issued within %gs",
+                stored.not_after.isoformat(),
+                self._exit_after,
+            )
+            self._on_expired()
 
     async def _renew(self, api: CsrApi) -> Path:
         key = await asyncio.to_thread(new_key)

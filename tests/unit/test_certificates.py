@@ -238,7 +238,10 @@ async def test_a_bootstrap_token_may_only_ask_for_certificates(
         with pytest.raises(ApiError) as err:
             await api.create("/api/v1/nodes", {"metadata": {"name": NODE}})
         assert err.value.status == 403
-        assert 'User "system:bootstrap:abcdef" cannot create resource "nodes"' in str(err.value)
+        assert err.value.message == (
+            'nodes is forbidden: User "system:bootstrap:abcdef" cannot create resource "nodes" '
+            'in API group "" at the cluster scope'
+        )
     finally:
         await api.close()
     wrong = https_server.write_bootstrap_kubeconfig(tmp_path / "w", "abcdef.ffffffffffffffff")
@@ -370,3 +373,38 @@ def test_flags_and_config_fields(tmp_path: Path) -> None:
     assert configz["rotateCertificates"] is True and configz["serverTLSBootstrap"] is True
     with pytest.raises(SystemExit):
         parse_options(["--bootstrap-kubeconfig", "b"])  # needs --kubeconfig
+
+
+async def test_an_expired_client_certificate_without_a_renewal_ends_the_agent(
+    https_server: ApiServer, tmp_path: Path
+) -> None:
+    token = https_server.add_bootstrap_token("abcdef", "0123456789abcdef")
+    boot = https_server.write_bootstrap_kubeconfig(tmp_path / "bootstrap.conf", token)
+    https_server.set_cluster_signing_duration(2)
+    kubeconfig, cert_dir = tmp_path / "kubelet.conf", tmp_path / "pki"
+    await load_client_cert(kubeconfig, boot, cert_dir, NODE, _connect)
+    api = await KubeApi.connect(kubeconfig, NODE)
+    await asyncio.to_thread(https_server.stop)  # no renewal can be had
+    expired = asyncio.Event()
+
+    async def on_rotated(path: Path) -> None:
+        raise AssertionError("rotated without an API server")
+
+    manager = CertificateManager(
+        client_template(NODE),
+        cert_dir,
+        on_rotated,
+        wait_seconds=0.5,
+        on_expired=expired.set,
+        exit_after=1.0,
+    )
+    task = asyncio.create_task(manager.run(api))
+    try:
+        await asyncio.wait_for(expired.wait(), 60)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+    stored = load_current(cert_dir, "kubelet-client")
+    assert stored is not None
+    assert datetime.datetime.now(datetime.UTC) >= stored.not_after + datetime.timedelta(seconds=1)
