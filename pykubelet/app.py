@@ -10,12 +10,14 @@ import asyncio
 import logging
 import os
 import signal
+import ssl
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from pykubelet import __version__
-from pykubelet.client.kubeapi import ApiError
+from pykubelet.client.kubeapi import ApiError, KubeApi
 from pykubelet.cluster.connection import ApiConnection
 from pykubelet.common import metrics, nodeip
 from pykubelet.common.allocatable import (
@@ -147,8 +149,9 @@ def secure_server(
     host_ip: str,
     facts: MachineFacts,
     stats: StatsCollector,
-) -> HttpServer:
-    """The authenticated kubelet API on --port; raises TlsError naming a file it cannot use."""
+) -> tuple[HttpServer, ssl.SSLContext]:
+    """The authenticated kubelet API on --port and its SSL context (a bootstrapped serving
+    certificate is loaded into it); raises TlsError naming a file it cannot use."""
     reviews = ApiReviews(connection) if connection is not None else None
     authenticator = Authenticator(
         anonymous=opts.anonymous_auth,
@@ -183,7 +186,7 @@ def secure_server(
         streaming_idle_timeout=opts.streaming_connection_idle_timeout,
     )
     add_stats_routes(app, stats)
-    return HttpServer(app, opts.address, opts.port, context)
+    return HttpServer(app, opts.address, opts.port, context), context
 
 
 Task = tuple[str, Coroutine[Any, Any, None]]
@@ -218,6 +221,8 @@ async def run_agent(opts: Options) -> int:
         opts.root_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         log.error("--root-dir %s: %s", opts.root_dir, exc.strerror)
+        return 1
+    if not await _bootstrap(opts, stop):
         return 1
     facts = await asyncio.to_thread(read_machine_facts, opts.root_dir)
     resources = node_resources(
@@ -297,12 +302,14 @@ async def run_agent(opts: Options) -> int:
         build_app(kubelet, on_request=_counter("readonly")), opts.address, opts.read_only_port
     )
     try:
-        secure = await asyncio.to_thread(
+        secure, context = await asyncio.to_thread(
             secure_server, opts, kubelet, connection, host_ip, facts, stats
         )
     except TlsError as exc:
         log.error("cannot start: %s", exc)
         return 1
+    if connection is not None:
+        tasks.extend(await _certificate_tasks(opts, connection, context, facts, host_ip))
     running: list[asyncio.Task[None]] = []
     try:
         notifier.status(f"starting the {runtime.name} runtime")
@@ -350,6 +357,99 @@ async def _notify_ready(
     if opts.pod_manifest_path is not None:
         await pod_config.wait_listed(FILE_SOURCE)
     notifier.ready(f"running: node {opts.node_name}, runtime {runtime_name}")
+
+
+async def _bootstrap(opts: Options, stop: asyncio.Event) -> bool:
+    """--bootstrap-kubeconfig: a client certificate for --kubeconfig before anything starts, as
+    the kubelet; False (logged) when it cannot be had. A signal meanwhile ends the wait."""
+    if opts.kubeconfig is None or opts.bootstrap_kubeconfig is None:
+        return True
+    from pykubelet.cluster.bootstrap import BootstrapError, load_client_cert
+
+    async def connect(path: Path) -> KubeApi:
+        return await KubeApi.connect(path, opts.node_name)
+
+    boot = asyncio.ensure_future(
+        load_client_cert(
+            opts.kubeconfig,
+            opts.bootstrap_kubeconfig,
+            opts.certificate_dir,
+            opts.node_name,
+            connect,
+        )
+    )
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({boot, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not boot.done():
+        boot.cancel()
+        await asyncio.gather(boot, return_exceptions=True)
+        log.info("stopped while bootstrapping")
+        return False
+    try:
+        boot.result()
+    except BootstrapError as exc:
+        log.error("cannot start: failed to bootstrap the client certificate: %s", exc)
+        return False
+    return True
+
+
+async def _certificate_tasks(
+    opts: Options,
+    connection: ApiConnection,
+    context: ssl.SSLContext,
+    facts: MachineFacts,
+    host_ip: str,
+) -> list[Task]:
+    """--rotate-certificates and serverTLSBootstrap: their certificate managers' tasks."""
+    from pykubelet.cluster.bootstrap import uses_store
+    from pykubelet.cluster.certificates import (
+        CertificateManager,
+        client_template,
+        serving_template,
+    )
+
+    tasks: list[Task] = []
+    cert_dir = opts.certificate_dir
+    if opts.rotate_certificates and opts.kubeconfig is not None:
+        if await asyncio.to_thread(uses_store, opts.kubeconfig, cert_dir):
+
+            def expired() -> None:
+                # The kubelet's os.Exit: its restart bootstraps again; the pods keep running
+                # and the next agent adopts them.
+                log.error("exiting: no valid client certificate")
+                logging.shutdown()
+                os._exit(1)
+
+            client = CertificateManager(
+                client_template(opts.node_name), cert_dir, connection.reload, on_expired=expired
+            )
+            tasks.append(("certificate-client", connection.with_api(client.run)))
+        else:
+            log.error(
+                "--rotate-certificates: the client certificate of --kubeconfig %s is not "
+                "%s/kubelet-client-current.pem (as --bootstrap-kubeconfig writes it): not rotated",
+                opts.kubeconfig,
+                cert_dir,
+            )
+    if opts.server_tls_bootstrap:
+
+        async def load(path: Path) -> None:
+            await asyncio.to_thread(context.load_cert_chain, path)
+            log.info("kubelet API serving certificate %s loaded", path)
+
+        serving = CertificateManager(
+            serving_template(opts.node_name, [opts.node_name, facts.hostname], [host_ip]),
+            cert_dir,
+            load,
+        )
+        stored = await asyncio.to_thread(serving.current)
+        if stored is not None:
+            await load(stored.path)
+        else:
+            log.info("serverTLSBootstrap: self-signed serving certificate until a CSR is issued")
+        tasks.append(("certificate-serving", connection.with_api(serving.run)))
+    return tasks
 
 
 def _sources(opts: Options, pod_config: PodConfig, recorder: EventRecorder) -> list[Task]:

@@ -141,6 +141,21 @@ class KubeApi:
         client, core, watchers = await asyncio.to_thread(_build_client, cfg, agent)
         return cls(client, core, watchers, str(cfg.host))
 
+    async def reload(self, kubeconfig: Path, node_name: str) -> None:
+        """Rebuild the client from the kubeconfig (a rotated client certificate): new requests
+        and watches use the new credentials; those on the old connections fail and are retried."""
+        cfg = await asyncio.to_thread(_load_configuration, kubeconfig)
+        agent = f"pykubelet/{__version__} (linux) node/{node_name}"
+        client, core, watchers = await asyncio.to_thread(_build_client, cfg, agent)
+        old_client, old_watchers = self._client, self._watchers
+        self._client, self._core, self._watchers = client, core, watchers
+        try:
+            await old_client.close()
+            for watcher in old_watchers.values():
+                await watcher.close()
+        except Exception:
+            log.debug("closing the old API client failed", exc_info=True)
+
     async def close(self) -> None:
         try:
             await self._client.close()

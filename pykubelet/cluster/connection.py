@@ -49,6 +49,12 @@ class ApiConnection:
         assert self._api is not None
         await run(self._api)
 
+    async def reload(self, _: Path | None = None) -> None:
+        """The kubeconfig's credentials changed (a rotated certificate): the client is rebuilt."""
+        if self._api is not None:
+            await self._api.reload(self.kubeconfig, self._node_name)
+            log.info("API client rebuilt with the rotated credentials of %s", self.kubeconfig)
+
     async def close(self) -> None:
         if self._api is not None:
             await self._api.close()

@@ -365,6 +365,28 @@ def build_parser() -> argparse.ArgumentParser:
         "(an empty value: the pod's in-cluster service account)",
     )
     p.add_argument(
+        "--bootstrap-kubeconfig",
+        type=Path,
+        metavar="PATH",
+        help="a kubeconfig with a bootstrap token: when --kubeconfig does not exist or its client "
+        "certificate has expired, a certificate is requested with it (a CSR) and --kubeconfig "
+        "written",
+    )
+    p.add_argument(
+        "--rotate-certificates",
+        action="store_true",
+        default=False,
+        help="renew the client certificate through a CSR as it nears expiry",
+    )
+    p.add_argument(
+        "--rotate-server-certificates",
+        dest="server_tls_bootstrap",
+        action="store_true",
+        default=False,
+        help="serverTLSBootstrap: the kubelet API's serving certificate through a "
+        "kubernetes.io/kubelet-serving CSR, renewed as it nears expiry",
+    )
+    p.add_argument(
         "--root-dir",
         type=Path,
         default=Path("/var/lib/pykubelet"),
@@ -635,6 +657,9 @@ def parse_options(argv: Sequence[str]) -> Options:
         sync_frequency=ns.sync_frequency,
         streaming_connection_idle_timeout=ns.streaming_connection_idle_timeout,
         kubeconfig=ns.kubeconfig,
+        bootstrap_kubeconfig=ns.bootstrap_kubeconfig,
+        rotate_certificates=ns.rotate_certificates,
+        server_tls_bootstrap=ns.server_tls_bootstrap,
         manifest_url=ns.manifest_url,
         manifest_url_headers=ns.manifest_url_header,
         http_check_frequency=ns.http_check_frequency,

@@ -123,15 +123,6 @@ IGNORED: dict[str, Ignored] = {
         _duration_is(10.0),
         "only the default 10s is supported",
     ),
-    "rotateCertificates": Ignored(
-        "client certificate rotation is not implemented: the certificate of --kubeconfig is "
-        "used until it expires"
-    ),
-    "serverTLSBootstrap": Ignored(
-        "the serving certificate is --tls-cert-file or a self-signed one",
-        _one_of(False),
-        "a serving certificate through a CertificateSigningRequest is not implemented",
-    ),
     "runtimeRequestTimeout": Ignored("pykubelet's runtime calls carry their own timeouts"),
     "shutdownGracePeriod": Ignored(
         "graceful node shutdown is off, as with the kubelet's default 0s",
@@ -286,6 +277,8 @@ class KubeletConfiguration(_Model):
     eviction_max_pod_grace_period: int | None = None
     eviction_minimum_reclaim: dict[str, str] | None = None
     eviction_pressure_transition_period: str | None = None
+    rotate_certificates: bool | None = None
+    server_tls_bootstrap: bool | None = Field(default=None, alias="serverTLSBootstrap")
 
     @field_validator("kube_reserved", "system_reserved")
     @classmethod
@@ -453,6 +446,8 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
             "eviction_pressure_transition_period",
             parse_duration,
         ),
+        "rotate_certificates": ("rotate_certificates", bool),
+        "server_tls_bootstrap": ("server_tls_bootstrap", bool),
     }
     for field, (dest, convert) in simple.items():
         value = getattr(config, field)

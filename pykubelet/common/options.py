@@ -97,6 +97,10 @@ class Options:
     manifest_url_max_bytes: int = 10 * 1024 * 1024
     manifest_url_ca_file: Path | None = None
     kubeconfig: Path | None = None
+    # TLS bootstrap and rotation (cluster/bootstrap.py, cluster/certificates.py).
+    bootstrap_kubeconfig: Path | None = None
+    rotate_certificates: bool = False
+    server_tls_bootstrap: bool = False
     # None: the runtime's default (DEFAULT_ENDPOINTS).
     container_runtime_endpoint: str | None = None
     pod_infra_container_image: str = "registry.k8s.io/pause:3.10"
@@ -230,6 +234,8 @@ class Options:
                 self.eviction_pressure_transition_period
             ),
             "logging": {"format": self.log_format, "verbosity": self.verbosity},
+            "rotateCertificates": self.rotate_certificates,
+            "serverTLSBootstrap": self.server_tls_bootstrap,
         }
 
     def _gc_problems(self) -> list[str]:
@@ -317,6 +323,13 @@ class Options:
                 f"--authorization-mode: unsupported value {self.authorization_mode!r}: "
                 f"supported are {', '.join(AUTHORIZATION_MODES)}"
             )
+        if self.kubeconfig is None:
+            if self.bootstrap_kubeconfig is not None:
+                problems.append("--bootstrap-kubeconfig: needs --kubeconfig (written by it)")
+            if self.server_tls_bootstrap:
+                problems.append("serverTLSBootstrap: needs --kubeconfig")
+        if self.server_tls_bootstrap and self.tls_cert_file is not None:
+            problems.append("serverTLSBootstrap: cannot be used with --tls-cert-file")
         if self.kubeconfig is None:
             if self.authentication_token_webhook:
                 problems.append("--authentication-token-webhook: needs --kubeconfig")

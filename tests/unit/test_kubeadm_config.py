@@ -20,7 +20,7 @@ IMPLEMENTED = {
     "apiVersion", "kind", "authentication", "authorization", "containerRuntimeEndpoint",
     "fileCheckFrequency", "httpCheckFrequency", "logging", "staticPodPath",
     "streamingConnectionIdleTimeout", "syncFrequency", "clusterDNS", "clusterDomain",
-    "resolvConf", "imageMinimumGCAge", "evictionPressureTransitionPeriod",
+    "resolvConf", "imageMinimumGCAge", "evictionPressureTransitionPeriod", "rotateCertificates",
 }  # fmt: skip
 
 
@@ -49,7 +49,8 @@ def test_kubeadms_file_takes_effect_with_the_kubelets_defaults() -> None:
     assert opts.authorization_webhook_cache_authorized_ttl == 300.0
     assert opts.authorization_webhook_cache_unauthorized_ttl == 30.0
     assert opts.container_runtime_endpoint is None  # "": the runtime's default
-    assert any(n.startswith("rotateCertificates: ignored: ") for n in opts.ignored_config_fields)
+    assert opts.rotate_certificates is True  # kubeadm's rotateCertificates: true
+    assert not any(n.startswith("rotateCertificates") for n in opts.ignored_config_fields)
 
 
 def kubeadm_with(tmp_path: Path, **changes: object) -> Path:
@@ -71,7 +72,6 @@ def kubeadm_with(tmp_path: Path, **changes: object) -> Path:
         ({"cgroupDriver": "cgroupsfs"}, "cgroupDriver: must be systemd or cgroupfs"),
         ({"nodeStatusUpdateFrequency": "1m"}, "nodeStatusUpdateFrequency: only the default 10s"),
         ({"cpuManagerPolicy": "static"}, "cpuManagerPolicy: only none is supported"),
-        ({"serverTLSBootstrap": True}, "serverTLSBootstrap: a serving certificate through a"),
         (
             {"crashLoopBackOff": {"maxContainerRestartPeriod": "1m"}},
             "crashLoopBackOff: maxContainerRestartPeriod: only the default 5m",
