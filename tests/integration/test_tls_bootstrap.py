@@ -1,18 +1,23 @@
 """A node joining the way nodes join: only a bootstrap kubeconfig (a bootstrap token) against the
 fixture API server over HTTPS; its client certificate from an auto-approved CSR, renewed before
 it expires without a restart (a short --cluster-signing-duration); its serving certificate from
-a kubernetes.io/kubelet-serving CSR; a denied CSR reported with its name and reason."""
+a kubernetes.io/kubelet-serving CSR; a denied CSR reported with its name and reason. As
+system:node:<name> the joined node runs a pod, and its certificate may not label its Node
+node-role.kubernetes.io/control-plane (the fixture's NodeRestriction)."""
 
 from __future__ import annotations
 
 import base64
+import json
 import os
 import ssl
 import stat
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +28,7 @@ from cryptography import x509
 from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import NODE, Agent, wait_for
 from tests.integration.kubelet_node import https_apiserver
+from tests.integration.test_cluster import pod_body
 from tests.integration.test_kubelet_api import kubectl
 
 TOKEN_ID, TOKEN_SECRET = "abcdef", "0123456789abcdef"
@@ -90,6 +96,36 @@ def test_a_node_joins_with_a_bootstrap_token(
         timeout=30,
     )
     assert len(apiserver.list("certificatesigningrequests")) == 1
+    # As system:node:<name> (Node authorizer + NodeRestriction) it still runs a pod.
+    apiserver.create("pods", pod_body("joined", NODE, "echo up; sleep 3600"))
+    wait_for(
+        "the pod Running",
+        lambda: (
+            (p := apiserver.get("pods", "joined")) and p.get("status", {}).get("phase") == "Running"
+        ),
+        timeout=60,
+    )
+    # ...and its own certificate may not give its Node a control-plane label.
+    context = ssl.create_default_context(cafile=str(apiserver.pki.ca_file))
+    context.load_cert_chain(str(current))
+    patch = urllib.request.Request(
+        f"{apiserver.url}/api/v1/nodes/{NODE}",
+        data=json.dumps(
+            {"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}
+        ).encode(),
+        headers={"Content-Type": "application/merge-patch+json"},
+        method="PATCH",
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(patch, context=context, timeout=10)
+    assert refused.value.code == 403
+    assert json.loads(refused.value.read())["message"] == (
+        f'nodes "{NODE}" is forbidden: is not allowed to modify labels: '
+        "node-role.kubernetes.io/control-plane"
+    )
+    assert "node-role.kubernetes.io/control-plane" not in (
+        (apiserver.get("nodes", NODE) or {})["metadata"].get("labels") or {}
+    )
 
 
 def test_the_client_certificate_rotates_without_a_restart(
