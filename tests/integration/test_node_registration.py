@@ -259,5 +259,4 @@ def test_a_node_joins_with_kubeadms_config_yaml(
         timeout=30,
     )
     log = agent.log()
-    assert "--config: rotateCertificates: ignored: client certificate rotation" in log
     assert "--config: cgroupDriver: ignored: " in log
