@@ -196,8 +196,20 @@ def add_node_routes(app: web.Application, node: NodeView) -> None:
             body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE}
         )
 
+    async def resources(request: web.Request) -> web.Response:
+        # pykubelet's own (the kubelet has no such path): the Node status's capacity and
+        # allocatable, for `pykubelet top node` (kubectl reads them from the Node object).
+        r = node.node_resources()
+        return _json(
+            {
+                "capacity": r.node_quantities("capacity"),
+                "allocatable": r.node_quantities("allocatable"),
+            }
+        )
+
     app.router.add_get("/pods", pods)
     app.router.add_get("/pods/", pods)
+    app.router.add_get("/resources", resources)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)

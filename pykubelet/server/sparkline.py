@@ -4,7 +4,7 @@ server (no script, no library).
 - The vertical scale runs from 0 to the series' largest value (a flat series at 0 draws along
   the bottom), so two charts of the same pod compare by shape, and the latest value is text.
 - A missing value (None: no CPU rate on a pod's first sample) breaks the line: the path starts
-  a new segment after it.
+  a new segment after it; a lone point shows as a dot.
 - Everything that is not a number is escaped (the title is the only text).
 """
 
@@ -30,23 +30,31 @@ def path(values: Sequence[float | None], width: int = WIDTH, height: int = HEIGH
     top = max((v for v in values if v is not None), default=0.0)
     scale = (height - 2 * PAD) / top if top > 0 else 0.0
     step = (width - 2 * PAD) / (len(values) - 1)
-    parts: list[str] = []
-    pen_down = False
+    segments: list[list[str]] = [[]]
     for i, value in enumerate(values):
         if value is None:
-            pen_down = False
+            segments.append([])
             continue
         x = PAD + i * step
         y = height - PAD - max(0.0, value) * scale
-        parts.append(f"{'L' if pen_down else 'M'}{_fmt(x)} {_fmt(y)}")
-        pen_down = True
-    return " ".join(parts)
+        segments[-1].append(f"{_fmt(x)} {_fmt(y)}")
+    # A lone point is a zero-length line: with round caps it shows as a dot.
+    return " ".join(
+        "M" + " L".join(points) + (" h0" if len(points) == 1 else "")
+        for points in segments
+        if points
+    )
 
 
 def svg(values: Sequence[float | None], title: str, css_class: str = "spark") -> str:
     """An inline <svg> of `values` with `title` as its tooltip and accessible name."""
     d = path(values)
-    line = f'<path d="{d}" fill="none" stroke="currentColor" stroke-width="1.5"/>' if d else ""
+    line = (
+        f'<path d="{d}" fill="none" stroke="currentColor" stroke-width="1.5" '
+        'stroke-linecap="round"/>'
+        if d
+        else ""
+    )
     return (
         f'<svg class="{escape(css_class)}" width="{WIDTH}" height="{HEIGHT}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(title)}">'

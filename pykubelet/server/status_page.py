@@ -35,7 +35,8 @@ th { background: #f0f2f5; font-weight: 600; }
 .ok { color: #137333; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
 .wait { color: #8a5a00; font-weight: 600; } .dim { color: #778; }
 code { font-size: 12px; }
-.usage { white-space: nowrap; } .usage svg { vertical-align: middle; margin-right: 6px; }
+.usage { white-space: nowrap; }
+.usage svg { vertical-align: middle; margin-right: 6px; background: #f0f2f5; }
 .cpu { color: #1a73e8; } .mem { color: #8e24aa; }
 .side { display: flex; gap: 2em; align-items: flex-start; } .side > table { width: auto; }
 """

@@ -19,7 +19,8 @@ def test_path_spans_the_box_from_zero_to_the_largest_value() -> None:
 
 def test_a_missing_value_breaks_the_line() -> None:
     assert sparkline.path([None, 2.0, 4.0]) == "M60 12 L118 2"
-    assert sparkline.path([1.0, None, 1.0]) == "M2 2 M118 2"
+    assert sparkline.path([None, 0.5]) == "M118 2 h0"  # the first CPU rate: a dot
+    assert sparkline.path([1.0, None, 1.0]) == "M2 2 h0 M118 2 h0"
 
 
 def test_the_title_is_escaped() -> None:
