@@ -299,7 +299,9 @@ async def run_agent(opts: Options) -> int:
         "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name
     )
     server = HttpServer(
-        build_app(kubelet, on_request=_counter("readonly")), opts.address, opts.read_only_port
+        build_app(kubelet, on_request=_counter("readonly"), history=stats, pressure=kubelet),
+        opts.address,
+        opts.read_only_port,
     )
     try:
         secure, context = await asyncio.to_thread(

@@ -13,6 +13,9 @@ them, read from the node's `/stats/summary` (no metrics-server needed).
 - Columns and units are kubectl's: `NAME  CPU(cores)  MEMORY(bytes)`, millicores rounded up
   (`467m`), memory in whole MiB (`54Mi`); `-A` adds NAMESPACE, `--containers` one row per
   container (`POD  NAME  ...`), `--sort-by cpu|memory`, `--no-headers`.
+- `top node`: `NAME  CPU(cores)  CPU(%)  MEMORY(bytes)  MEMORY(%)`, the node's usage from its
+  summary over its allocatable (kubectl divides by the Node's `status.allocatable`; the node
+  serves it at `/resources`), the percents truncated as kubectl's.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TextIO
 
+from pykubelet.api.quantity import parse_quantity
 from pykubelet.cmd.nodeclient import CtlError, NodeClient, add_connection_flags, credentials_from
 
 Obj = dict[str, Any]
@@ -33,15 +37,17 @@ MiB = 1 << 20
 # every 10 s).
 NEXT_SAMPLE_TIMEOUT = 25.0
 POLL = 1.0
+POD_WORDS = ("pods", "pod", "po")
+NODE_WORDS = ("nodes", "node", "no")
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "top",
-        help="CPU and memory of the node's pods (kubectl top pod), from its /stats/summary",
-        description="Show the CPU and memory of the pods on the node, as kubectl top pod does.",
+        help="CPU and memory of the node or its pods (kubectl top), from its /stats/summary",
+        description="Show the CPU and memory of the node or its pods, as kubectl top does.",
     )
-    p.add_argument("resource", choices=["pods", "pod", "po"])
+    p.add_argument("resource", choices=[*POD_WORDS, *NODE_WORDS])
     p.add_argument("name", nargs="?", metavar="NAME")
     p.add_argument("-n", "--namespace", default="default")
     p.add_argument("-A", "--all-namespaces", action="store_true")
@@ -246,5 +252,47 @@ async def _top(ns: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def node_row(name: str, nano_cores: float, working_set: int, allocatable: Obj) -> list[str]:
+    """kubectl top node's row: usage and its percent of allocatable (truncated)."""
+    cpu_milli = math.ceil(nano_cores / 1e6 - 1e-9)
+    row = [name, f"{cpu_milli}m"]
+    cpu_alloc = float(parse_quantity(allocatable.get("cpu", 0))) * 1000
+    row.append(f"{int(cpu_milli / cpu_alloc * 100)}%" if cpu_alloc > 0 else "<unknown>")
+    row.append(memory_text(working_set))
+    mem_alloc = float(parse_quantity(allocatable.get("memory", 0)))
+    row.append(f"{int(working_set / mem_alloc * 100)}%" if mem_alloc > 0 else "<unknown>")
+    return row
+
+
+async def _top_node(ns: argparse.Namespace, out: TextIO) -> int:
+    creds = credentials_from(ns)
+    async with NodeClient(creds) as client:
+        first: Obj = await client.get_json("/stats/summary")
+        node: Obj = first.get("node") or {}
+        name = str(node.get("nodeName", ""))
+        if ns.name and ns.name != name:
+            raise CtlError(f'nodes "{ns.name}" not found')
+        cpu = _rate(node.get("cpu"), None)
+        if cpu is None:  # the node's first sample: the next one has the rate
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + NEXT_SAMPLE_TIMEOUT
+            while cpu is None and loop.time() < deadline:
+                await asyncio.sleep(POLL)
+                later: Obj = (await client.get_json("/stats/summary")).get("node") or {}
+                if _time(later.get("cpu")) != _time(node.get("cpu")):
+                    cpu = _rate(later.get("cpu"), node.get("cpu"))
+                    node = later
+        memory = (node.get("memory") or {}).get("workingSetBytes")
+        if cpu is None or memory is None:
+            raise CtlError(f"Metrics not available for node {name}")
+        allocatable: Obj = (await client.get_json("/resources")).get("allocatable") or {}
+    header = ["NAME", "CPU(cores)", "CPU(%)", "MEMORY(bytes)", "MEMORY(%)"]
+    rows = [] if ns.no_headers else [header]
+    table([*rows, node_row(name, cpu, int(memory), allocatable)], out)
+    return 0
+
+
 def run(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    if ns.resource in NODE_WORDS:
+        return asyncio.run(_top_node(ns, out))
     return asyncio.run(_top(ns, out))

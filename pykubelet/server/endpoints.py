@@ -33,6 +33,7 @@ from pykubelet.runtime.base import LogTimes, LogUnsupported, Runtime, RuntimeCon
 from pykubelet.runtime.logfiles import parse_time
 from pykubelet.server import status_page
 from pykubelet.server.errors import status_response
+from pykubelet.stats.types import UsageHistory
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +196,20 @@ def add_node_routes(app: web.Application, node: NodeView) -> None:
             body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE}
         )
 
+    async def resources(request: web.Request) -> web.Response:
+        # pykubelet's own (the kubelet has no such path): the Node status's capacity and
+        # allocatable, for `pykubelet top node` (kubectl reads them from the Node object).
+        r = node.node_resources()
+        return _json(
+            {
+                "capacity": r.node_quantities("capacity"),
+                "allocatable": r.node_quantities("allocatable"),
+            }
+        )
+
     app.router.add_get("/pods", pods)
     app.router.add_get("/pods/", pods)
+    app.router.add_get("/resources", resources)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_view)
     app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", container_logs)
@@ -220,10 +233,20 @@ def counting(on_request: Callable[[str, str, int], None] | None) -> Any:
     return count
 
 
+class PressureView(Protocol):
+    """The node's pressure conditions that are True (the eviction manager's), for the page."""
+
+    def pressure_conditions(self) -> frozenset[str]: ...
+
+
 def build_app(
-    node: NodeView, on_request: Callable[[str, str, int], None] | None = None
+    node: NodeView,
+    on_request: Callable[[str, str, int], None] | None = None,
+    history: UsageHistory | None = None,
+    pressure: PressureView | None = None,
 ) -> web.Application:
-    """The read-only port: the node's routes, the status page at / and /events."""
+    """The read-only port: the node's routes, the status page at / (with each pod's usage
+    history and the node's pressure conditions, when given) and /events."""
 
     async def events(request: web.Request) -> web.Response:
         items = [e.to_api(node.node_name) for e in node.recorder.events()]
@@ -236,6 +259,8 @@ def build_app(
             [e.to_api(node.node_name) for e in node.recorder.events()],
             datetime.now(UTC),
             node.node_resources(),
+            history,
+            pressure.pressure_conditions if pressure is not None else None,
         )
         return web.Response(text=page, content_type="text/html")
 

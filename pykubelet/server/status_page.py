@@ -1,19 +1,28 @@
 """The status page at `/`: the node's pods, their containers and recent events, as HTML.
 
 Plain server-side HTML that reloads itself every few seconds: nothing to build, no script.
+Each pod's CPU and memory over the collector's history are inline SVG sparklines
+(`sparkline.py`) with the latest value as text; the node's pressure conditions sit beside its
+resources.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from html import escape
 from typing import Any
 
 from pykubelet import __version__
 from pykubelet.common.allocatable import NodeResources, format_quantity
+from pykubelet.server import sparkline
 from pykubelet.server.present import age, human_duration, parse_time, pod_status_reason, restarts
+from pykubelet.stats.types import UsageHistory, UsagePoint
 
 REFRESH_SECONDS = 5
+# The node conditions the eviction manager sets (the kubelet's names), in the kubelet's order.
+PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure")
+MiB = 1 << 20
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; color: #1d2330; background: #fafbfc; }
@@ -26,6 +35,10 @@ th { background: #f0f2f5; font-weight: 600; }
 .ok { color: #137333; font-weight: 600; } .bad { color: #b3261e; font-weight: 600; }
 .wait { color: #8a5a00; font-weight: 600; } .dim { color: #778; }
 code { font-size: 12px; }
+.usage { white-space: nowrap; }
+.usage svg { vertical-align: middle; margin-right: 6px; background: #f0f2f5; }
+.cpu { color: #1a73e8; } .mem { color: #8e24aa; }
+.side { display: flex; gap: 2em; align-items: flex-start; } .side > table { width: auto; }
 """
 
 _GOOD = {"Running", "Completed", "Succeeded"}
@@ -72,12 +85,63 @@ def _resource_table(resources: NodeResources) -> str:
     )
 
 
+def _node_section(resources: NodeResources | None, pressure: frozenset[str] | None) -> str:
+    parts = []
+    if resources:
+        parts.append(_resource_table(resources))
+    if pressure is not None:
+        parts.append(_pressure_table(pressure))
+    if not parts:
+        return ""
+    return f'<h2>Node resources</h2><div class="side">{"".join(parts)}</div>'
+
+
+def _cpu_text(cores: float | None) -> str:
+    return "-" if cores is None else f"{max(0, round(cores * 1000))}m"
+
+
+def _memory_text(value: int | None) -> str:
+    return "-" if value is None else f"{value // MiB}Mi"
+
+
+def _usage(points: tuple[UsagePoint, ...]) -> str:
+    """The pod's CPU and memory sparklines, each with its latest value."""
+    if not points:
+        return '<span class="dim">no samples yet</span>'
+    cpu = [p.cpu_cores for p in points]
+    memory = [None if p.memory_bytes is None else float(p.memory_bytes) for p in points]
+    latest_cpu = _cpu_text(points[-1].cpu_cores)
+    latest_memory = _memory_text(points[-1].memory_bytes)
+    span = f"last {_plural(len(points), 'sample')}"
+    return (
+        '<div class="usage cpu">'
+        + sparkline.svg(cpu, f"CPU (cores), {span}", "spark cpu")
+        + f"CPU {escape(latest_cpu)}</div>"
+        '<div class="usage mem">'
+        + sparkline.svg(memory, f"memory working set, {span}", "spark mem")
+        + f"memory {escape(latest_memory)}</div>"
+    )
+
+
+def _pressure_table(pressure: frozenset[str]) -> str:
+    """The eviction manager's node conditions, True or False."""
+    rows = "".join(
+        f"<tr><td>{escape(name)}</td>"
+        + ('<td class="bad">True</td>' if name in pressure else '<td class="ok">False</td>')
+        + "</tr>"
+        for name in PRESSURE_CONDITIONS
+    )
+    return '<table class="pressure"><tr><th>Condition</th><th>Status</th></tr>' + rows + "</table>"
+
+
 def render(
     node_name: str,
     pods: list[dict[str, Any]],
     events: list[dict[str, Any]],
     now: datetime,
     resources: NodeResources | None = None,
+    history: UsageHistory | None = None,
+    pressure: Callable[[], frozenset[str]] | None = None,
 ) -> str:
     rows = []
     for pod in sorted(pods, key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"])):
@@ -102,11 +166,16 @@ def render(
             f"<td>{escape(age(pod, now))}</td>"
             f"<td>{escape(status.get('podIP') or '')}</td>"
             f"<td>{containers}</td>"
-            "</tr>"
+            + (f"<td>{_usage(history.history(meta.get('uid', '')))}</td>" if history else "")
+            + "</tr>"
         )
     pod_table = (
         "<table><tr><th>Pod</th><th>Ready</th><th>Status</th><th>Restarts</th><th>Age</th>"
-        "<th>IP</th><th>Containers</th></tr>" + "".join(rows) + "</table>"
+        "<th>IP</th><th>Containers</th>"
+        + ("<th>Usage</th>" if history else "")
+        + "</tr>"
+        + "".join(rows)
+        + "</table>"
         if rows
         else '<p class="dim">No pods.</p>'
     )
@@ -141,6 +210,6 @@ def render(
         f'{REFRESH_SECONDS}s · <a href="/pods">/pods</a> · <a href="/events">/events</a> · '
         '<a href="/metrics">/metrics</a></div>'
         f"<h2>Pods</h2>{pod_table}"
-        + (f"<h2>Node resources</h2>{_resource_table(resources)}" if resources else "")
+        + _node_section(resources, pressure() if pressure else None)
         + f"<h2>Recent events</h2>{event_table}</body></html>"
     )

@@ -11,6 +11,8 @@ each running container the runtime reports, and keeps the latest sample for its 
 - CPU counters never go down: where a container's CPU is the sum over its processes (see
   `cgroupfs`), a process reaped outside the container takes its CPU time with it; the counter
   keeps what was counted, as a cgroup's does, so a rate is never negative.
+- Each pod keeps a short history (`history(uid)`: the last `HISTORY_SAMPLES`, 5 minutes at
+  10 s), dropped when the pod is no longer sampled.
 - A pod's usage is the sum of its running containers' (the kubelet reads the pod's cgroup; the
   difference is the pause container and processes outside any container).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,11 +35,13 @@ from pykubelet.stats.types import (
     MemoryUsage,
     NodeStats,
     PodStats,
+    UsagePoint,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PERIOD = 10.0
+HISTORY_SAMPLES = 30  # 5 minutes at the default period
 
 
 class PodLister(Protocol):
@@ -73,12 +78,29 @@ class StatsCollector:
         self._latest: NodeStats | None = None
         self._last: dict[str, _Last] = {}  # container ID (node: "") -> its last CPU reading
         self._boot: float | None = None
+        self._history: dict[str, deque[UsagePoint]] = {}  # pod UID -> its last samples
         self._failing = False
         # One sample at a time: the file reader keeps per-sample state (its process table).
         self._lock = asyncio.Lock()
 
     def latest(self) -> NodeStats | None:
         return self._latest
+
+    def history(self, uid: str) -> tuple[UsagePoint, ...]:
+        return tuple(self._history.get(uid, ()))
+
+    def _remember(self, pods: tuple[PodStats, ...]) -> None:
+        """Append each pod's usage to its history; forget the pods no longer sampled."""
+        for pod in pods:
+            cores = None
+            if pod.cpu is not None and pod.cpu.usage_nano_cores is not None:
+                cores = pod.cpu.usage_nano_cores / 1e9
+            memory = pod.memory.working_set_bytes if pod.memory is not None else None
+            time = max((u.time for u in (pod.cpu, pod.memory) if u is not None), default=None)
+            points = self._history.setdefault(pod.uid, deque(maxlen=HISTORY_SAMPLES))
+            points.append(UsagePoint(time or pod.start_time, cores, memory))
+        for gone in set(self._history) - {pod.uid for pod in pods}:
+            del self._history[gone]
 
     async def run(self) -> None:
         """Sample now and every `period` until cancelled."""
@@ -129,6 +151,7 @@ class StatsCollector:
         elif not errors and self._failing:
             log.info("resource usage samples complete again")
         self._failing = bool(errors)
+        self._remember(pod_stats)
         self._latest = stats
         return stats
 

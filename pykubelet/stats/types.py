@@ -69,10 +69,32 @@ class NodeStats:
     errors: tuple[str, ...] = field(default=())
 
 
+@dataclass(frozen=True)
+class UsagePoint:
+    """One sample of a pod's usage in its history: CPU cores (None on the pod's first sample,
+    which has no rate yet) and the memory working set in bytes."""
+
+    time: datetime
+    cpu_cores: float | None
+    memory_bytes: int | None
+
+
+class UsageHistory(Protocol):
+    """A pod's recent usage, oldest first (the status page's charts)."""
+
+    def history(self, uid: str) -> tuple[UsagePoint, ...]:
+        """The pod's last samples (at most `HISTORY_SAMPLES`); () for a pod not sampled."""
+        ...
+
+
 class StatsView(Protocol):
     """The read-only side of the collector: what the HTTP handlers, eviction and the status
     page read."""
 
     def latest(self) -> NodeStats | None:
         """The latest sample; None until the first one is taken."""
+        ...
+
+    def history(self, uid: str) -> tuple[UsagePoint, ...]:
+        """The pod's last samples, oldest first; () for a pod not sampled."""
         ...

@@ -375,10 +375,10 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def test_top_pods(node: tuple[Agent, list[str]]) -> None:
-    """`top pods` as kubectl top prints it. The agent has just started: its sample has no CPU
-    rate for the pod yet, so the verb waits for the node's next one (10 s); both runs at once,
-    so the test waits once."""
+def test_top_pods_and_node(node: tuple[Agent, list[str]]) -> None:
+    """`top pods` and `top node` as kubectl top prints them. The agent has just started: its
+    sample has no CPU rate yet, so the verb waits for the node's next one (10 s); all runs at
+    once, so the test waits once."""
     _, flags = node
     runs = [
         subprocess.Popen(
@@ -387,10 +387,19 @@ def test_top_pods(node: tuple[Agent, list[str]]) -> None:
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
         )
-        for args in (["pods"], ["pod", "web", "--containers"])
+        for args in (["pods"], ["pod", "web", "--containers"], ["node"])
     ]
-    (out, err), (containers, err2) = (proc.communicate(timeout=60) for proc in runs)
-    assert [proc.returncode for proc in runs] == [0, 0], (err, err2)
+    (out, err), (containers, err2), (top_node, err3) = (
+        proc.communicate(timeout=60) for proc in runs
+    )
+    assert [proc.returncode for proc in runs] == [0, 0, 0], (err, err2, err3)
+    node_lines = top_node.decode().splitlines()
+    assert re.fullmatch(
+        r"NAME\s+CPU\(cores\)\s+CPU\(%\)\s+MEMORY\(bytes\)\s+MEMORY\(%\)", node_lines[0]
+    ), node_lines
+    match = re.fullmatch(r"testnode\s+\d+m\s+(\d+)%\s+\d+Mi\s+(\d+)%", node_lines[1])
+    assert match, node_lines
+    assert 0 < int(match[2]) <= 100  # the node's working set over its allocatable memory
     lines = out.decode().splitlines()
     assert re.fullmatch(r"NAME\s+CPU\(cores\)\s+MEMORY\(bytes\)", lines[0]), lines
     assert re.fullmatch(r"web-testnode\s+\d+m\s+\d+Mi", lines[1]), lines

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import struct
 import subprocess
@@ -28,6 +29,11 @@ def chromium() -> str:
     return path
 
 
+def page(agent) -> str:  # type: ignore[no-untyped-def]
+    status, body = agent.get("/")
+    return body.decode() if status == 200 else ""
+
+
 def test_status_page_lists_pods_and_events(start_agent, manifests: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     write_pod(manifests, "frontend", pod_yaml("frontend", "sleep 600"))
     write_pod(manifests, "crashy", pod_yaml("crashy", "exit 1"))
@@ -36,6 +42,13 @@ def test_status_page_lists_pods_and_events(start_agent, manifests: Path, tmp_pat
         "frontend running", lambda: "running" in container_state(agent.pod("frontend"))["state"]
     )
     wait_for("crashy restarted", lambda: container_state(agent.pod("crashy"))["restartCount"] >= 1)
+    # The charts need two of the collector's samples (every 10 s): a line needs two points.
+    wait_for(
+        "frontend charted",
+        lambda: re.search(r'<svg class="spark mem"[^>]*>.*?<path d="M', page(agent)),
+        timeout=40,
+        interval=1,
+    )
 
     profile = tmp_path / "chromium-profile"
     common = [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}"]
@@ -49,6 +62,13 @@ def test_status_page_lists_pods_and_events(start_agent, manifests: Path, tmp_pat
     assert ">Running<" in html
     assert "Started container main" in html  # an event
     assert 'http-equiv="refresh"' in html
+    # Per running pod, a CPU and a memory chart with their latest values; the pressure conditions.
+    frontend = html[html.index(f"default/frontend-{NODE}") :].split("</tr>", 1)[0]
+    assert re.search(r'<svg class="spark cpu".*?<path d="M[^"]+"', frontend), frontend
+    assert re.search(r'<svg class="spark mem".*?<path d="M[^"]+"', frontend), frontend
+    assert re.search(r"CPU \d+m", frontend) and re.search(r"memory \d+Mi", frontend)
+    for condition in ("MemoryPressure", "DiskPressure", "PIDPressure"):
+        assert f'<td>{condition}</td><td class="ok">False</td>' in html
 
     shot = tmp_path / "status.png"
     result = subprocess.run(

@@ -129,3 +129,12 @@ def test_top_table_is_kubectls_tabwriter() -> None:
     print_usages(rows[:1], _top_args(all_namespaces=True, no_headers=True), out)
     # Cells of at least 6: "a" takes 6, as kubectl's tabwriter pads it.
     assert out.getvalue() == "default   a     1m    1Mi\n"
+
+
+def test_top_node_row_is_kubectls_percent_of_allocatable() -> None:
+    from pykubelet.cmd import top_cmd
+
+    # 250m of 2 cores: 12% (truncated); 1 GiB of 4 GiB: 25%.
+    row = top_cmd.node_row("n1", 250_000_000, 1 << 30, {"cpu": "2", "memory": "4Gi"})
+    assert row == ["n1", "250m", "12%", "1024Mi", "25%"]
+    assert top_cmd.node_row("n1", 1, 0, {"cpu": "1500m"})[1:] == ["1m", "0%", "0Mi", "<unknown>"]

@@ -29,8 +29,8 @@ from pykubelet.runtime.base import (
 )
 from pykubelet.server.stats import add_stats_routes, go_float, resource_metrics, summary
 from pykubelet.stats.cgroupfs import CgroupFs
-from pykubelet.stats.collector import StatsCollector
-from pykubelet.stats.types import NodeStats, StatsView
+from pykubelet.stats.collector import HISTORY_SAMPLES, StatsCollector
+from pykubelet.stats.types import NodeStats, StatsView, UsagePoint
 from tests.fixtures.apiserver.metrics import (
     Point,
     _pair,
@@ -359,12 +359,38 @@ def test_summary_has_the_shape_of_stats_v1alpha1() -> None:
     assert pod["cpu"]["usageCoreNanoSeconds"] == 1_250_000_000
 
 
+async def test_each_pod_keeps_a_bounded_history_dropped_with_the_pod(tmp_path: Path) -> None:
+    proc, cg = v1_tree(tmp_path)
+    v1_container(proc, cg, 42, "/kubepods/c1", "/kubepods/c1")
+    lister = Lister(runtime_pod(container(42)))
+    collector = StatsCollector(lister, "n1", fs=CgroupFs(proc))
+    assert collector.history("u1") == ()
+    await collector.sample()
+    (first,) = collector.history("u1")
+    assert first.cpu_cores is None  # no rate on the first sample
+    assert first.memory_bytes == 50 * MiB
+    usage = cg / "cpuacct" / "kubepods" / "c1" / "cpuacct.usage"
+    for i in range(HISTORY_SAMPLES + 5):
+        write(usage, f"{2_000_000_000 + (i + 1) * 100_000_000}\n")
+        await collector.sample()
+    points = collector.history("u1")
+    assert len(points) == HISTORY_SAMPLES  # bounded: the oldest went first
+    assert all(p.cpu_cores is not None and p.cpu_cores > 0 for p in points)
+    assert [p.time for p in points] == sorted(p.time for p in points)
+    lister.pods = []
+    await collector.sample()
+    assert collector.history("u1") == ()
+
+
 class View:
     def __init__(self, stats: NodeStats | None) -> None:
         self.stats = stats
 
     def latest(self) -> NodeStats | None:
         return self.stats
+
+    def history(self, uid: str) -> tuple[UsagePoint, ...]:
+        return ()
 
 
 @pytest.fixture
