@@ -52,7 +52,7 @@ test-env:
 # half the time on two cores. The tests of each private engine stay on one worker (loadgroup,
 # tests/conftest.py).
 test: lint test-env
-	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup -m 'not soak' tests
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15 -m 'not soak' tests
 
 # The long variants of the fault tests (10,000 manifests, 60 SIGKILLs during churn): not in CI.
 soak: $(STAMP) test-env

@@ -120,6 +120,9 @@ def registry() -> Iterator[Registry]:
         server.close()
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own hook (turning them into
+# the node IDs' @group suffix that --dist loadgroup schedules by); ours must have set them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`make test`, `--dist loadgroup`) every test that needs the private
     Podman runs on one worker, and every one that needs containerd on one worker: each engine is

@@ -1,8 +1,9 @@
 """A pod's /etc/resolv.conf, /etc/hosts and hostname as the pod sees them, on each runtime, and a
-name resolved through a real DNS server (dnsmasq) the test starts on 127.0.0.1."""
+name resolved through a real DNS server (dnsmasq) the test starts on a loopback address."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -126,8 +127,12 @@ def test_resolv_conf_hosts_and_hostname_as_the_kubelet_gives_them(
 
 @pytest.fixture
 def dnsmasq() -> Iterator[str]:
-    """A real DNS server on 127.0.0.1:53 answering the cluster names the test needs (Debian's
-    dnsmasq-base: the binary, without the system service of the dnsmasq package)."""
+    """A real DNS server on a loopback address, port 53, answering the cluster names the test
+    needs (Debian's dnsmasq-base: the binary, without the system service of the dnsmasq
+    package). An address of its own per pytest-xdist worker (127.0.53.<n>): two workers may run
+    this test at once, and port 53 is the only one a resolv.conf can name."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    address = f"127.0.53.{1 + int(worker.removeprefix('gw') or 0)}"
     binary = shutil.which("dnsmasq") or "/usr/sbin/dnsmasq"
     proc = subprocess.Popen(
         [
@@ -135,7 +140,7 @@ def dnsmasq() -> Iterator[str]:
             "--no-resolv",
             "--no-hosts",
             "--no-daemon",
-            "--listen-address=127.0.0.1",
+            f"--listen-address={address}",
             "--bind-interfaces",
             "--port=53",
             # It binds port 53 as root, then runs as nobody (its default user).
@@ -149,11 +154,11 @@ def dnsmasq() -> Iterator[str]:
     try:
         # dnsmasq exits at once (saying why) if it cannot listen there.
         wait_for(
-            "dnsmasq listening on 127.0.0.1:53",
-            lambda: proc.poll() is None and _answers("127.0.0.1"),
+            f"dnsmasq listening on {address}:53",
+            lambda: proc.poll() is None and _answers(address),
             timeout=10,
         )
-        yield "127.0.0.1"
+        yield address
     finally:
         proc.terminate()
         proc.wait(10)
@@ -175,7 +180,7 @@ def _answers(server: str) -> bool:
 def test_a_service_name_resolves_through_the_cluster_dns(
     start_agent, manifests: Path, dnsmasq: str, backend: Backend
 ) -> None:  # type: ignore[no-untyped-def]
-    # On the node's network 127.0.0.1:53 is the test's dnsmasq: with ClusterFirstWithHostNet
+    # On the node's network 127.0.53.<n>:53 is the test's dnsmasq: with ClusterFirstWithHostNet
     # the pod's resolver is the cluster's. A process pod (the host's glibc) resolves the short
     # name through the search list; busybox's nslookup in the image asks for the full name.
     if backend.engine is None:

@@ -311,13 +311,19 @@ def test_the_documentations_pods(start_agent, manifests: Path, backend: Backend)
 
     # Init containers ran in order, each to exit 0, and left the volume ready for the app.
     assert log_of(agent, "init-demo", "main") == "Installed by the init container"
-    init = agent.pod("init-demo")
-    assert init is not None
+    # The status of the sync that started main may come a moment after main's first output.
+    init = wait_for(
+        "init-demo Initialized",
+        lambda: (
+            (p := agent.pod("init-demo"))
+            and {c["type"]: c["status"] for c in p["status"]["conditions"]}.get("Initialized")
+            == "True"
+            and p
+        ),
+    )
     assert [
         s["state"]["terminated"]["exitCode"] for s in init["status"]["initContainerStatuses"]
     ] == [0, 0]
-    conditions = {c["type"]: c["status"] for c in init["status"]["conditions"]}
-    assert conditions["Initialized"] == "True"
 
     # Two containers share an emptyDir.
     assert log_of(agent, "two-containers", "reader") == "Hello from the writer container"

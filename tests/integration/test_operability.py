@@ -181,7 +181,7 @@ def test_bad_config_file_names_field(tmp_path: Path) -> None:
     config = tmp_path / "kubelet.yaml"
     config.write_text(
         "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\n"
-        "staticPodPaht: /etc/pods\nsyncFrequency: soon\ncgroupDriver: systemd\n"
+        "staticPodPaht: /etc/pods\nsyncFrequency: soon\nserializeImagePulls: false\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "pykubelet", "--config", str(config)],
@@ -194,7 +194,7 @@ def test_bad_config_file_names_field(tmp_path: Path) -> None:
     assert err.count("\n") == 0
     assert f"{config}: staticPodPaht: unknown field" in err
     assert f"{config}: syncFrequency: invalid duration 'soon'" in err
-    assert f"{config}: cgroupDriver: not supported by pykubelet yet" in err
+    assert f"{config}: serializeImagePulls: not supported by pykubelet yet" in err
 
 
 def test_relative_paths_as_make_run_passes_them(tmp_path: Path) -> None:
