@@ -375,15 +375,7 @@ class CriEngine:
     async def _verify_non_root(self, pod: Pod, request: Any) -> None:
         """As the kubelet before a create: the image's user (ImageStatus) must not be root."""
         image = str(request.image.image)
-        try:
-            reply = await self._call(
-                "ImageStatus",
-                api.ImageStatusRequest(image=api.ImageSpec(image=image)),
-                api.ImageStatusResponse,
-                service="ImageService",
-            )
-        except (CriError, TimeoutError) as e:
-            raise RuntimeFailure(f"cannot ask for the status of image {image}: {e}") from e
+        reply = await self._image_status(image)
         uid, username = image_user(reply.image)
         why = verify_run_as_non_root(pod, str(request.metadata.name), uid, username)
         if why is not None:
@@ -506,8 +498,12 @@ class CriEngine:
         return CriImages(self._call, self._infra_image)
 
     async def image_present(self, image: str) -> bool:
+        reply = await self._image_status(image)
+        return reply.HasField("image") and bool(reply.image.id)
+
+    async def _image_status(self, image: str) -> Any:
         try:
-            reply = await self._call(
+            return await self._call(
                 "ImageStatus",
                 api.ImageStatusRequest(image=api.ImageSpec(image=image)),
                 api.ImageStatusResponse,
@@ -515,7 +511,6 @@ class CriEngine:
             )
         except (CriError, TimeoutError) as e:
             raise RuntimeFailure(f"cannot ask for the status of image {image}: {e}") from e
-        return reply.HasField("image") and bool(reply.image.id)
 
     async def pull_image(self, image: str, auth: RegistryAuth | None) -> None:
         request = api.PullImageRequest(image=api.ImageSpec(image=image))
