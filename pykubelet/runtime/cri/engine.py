@@ -40,6 +40,7 @@ from pykubelet.runtime.base import (
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
     ContainerConfig,
+    ContainerRunState,
     ExecResult,
     ExecStream,
     LogRotationPolicy,
@@ -603,20 +604,11 @@ class CriEngine:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ATTACH_EXIT_WAIT
         while True:
-            try:
-                reply = await self._call(
-                    "ContainerStatus",
-                    api.ContainerStatusRequest(container_id=id),
-                    api.ContainerStatusResponse,
-                )
-            except CriError as e:
-                if e.not_found:
-                    return None
-                raise RuntimeFailure(f"cannot get the status of container {id[:12]}: {e}") from e
-            except TimeoutError as e:
-                raise RuntimeFailure(f"cannot get the status of container {id[:12]}: {e}") from e
-            if reply.status.state == api.CONTAINER_EXITED:
-                return int(reply.status.exit_code)
+            entry = await self.inspect_container(id)
+            if entry is None:
+                return None
+            if entry.state is ContainerRunState.EXITED:
+                return entry.exit_code
             if loop.time() >= deadline:
                 return None
             await asyncio.sleep(ATTACH_EXIT_POLL)
