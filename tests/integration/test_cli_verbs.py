@@ -63,6 +63,17 @@ def node(start_agent: Callable[..., Agent], manifests: Path) -> tuple[Agent, lis
     return agent, ["--server", agent.secure_url, "--insecure-skip-tls-verify"]
 
 
+def drain(master: int) -> bytes:
+    """What the terminal still holds once the command has exited (until 0.2 s of quiet)."""
+    out = b""
+    while select.select([master], [], [], 0.2)[0]:
+        try:
+            out += os.read(master, 4096)
+        except OSError:
+            break
+    return out
+
+
 def test_exec_exit_code_output_and_stdin(node: tuple[Agent, list[str]]) -> None:
     agent, flags = node
     result = pykubelet("exec", "web", *flags, "--", "sh", "-c", "echo out; echo err >&2; exit 3")
@@ -136,11 +147,7 @@ def test_exec_with_a_terminal(node: tuple[Agent, list[str]]) -> None:
                 os.write(master, b"hello\r")
                 typed = True
         assert proc.wait(timeout=10) == 4, output
-        while select.select([master], [], [], 0.2)[0]:
-            try:
-                output += os.read(master, 4096)
-            except OSError:
-                break
+        output += drain(master)
         after = termios.tcgetattr(slave)
     finally:
         if proc.poll() is None:
@@ -259,11 +266,7 @@ def test_attach_with_a_terminal(start_agent: Callable[..., Agent], manifests: Pa
                 os.write(master, b"\x03")  # Ctrl-C, raw: for the container's terminal
                 stage = 2
         assert proc.wait(timeout=10) == 0, output
-        while select.select([master], [], [], 0.2)[0]:
-            try:
-                output += os.read(master, 4096)
-            except OSError:
-                break
+        output += drain(master)
         after = termios.tcgetattr(slave)
     finally:
         if proc.poll() is None:
