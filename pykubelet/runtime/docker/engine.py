@@ -94,6 +94,7 @@ EVENTS_RETRY = 1.0
 FOLLOW_IDLE = 0.5  # seconds without log data after which a follower checks for an exit
 WAIT_POLL_MIN = 0.02  # how often an exec's end is polled: at first, and at most
 WAIT_POLL_MAX = 0.5
+INSPECT_ATTEMPTS = 5  # an inspect that races a process exit (Podman: "no such process") is retried
 
 # Event actions after which a container's inspect result may have changed.
 _REFRESH_ACTIONS = frozenset(
@@ -350,12 +351,20 @@ class DockerEngine:
         return entry if isinstance(entry, ContainerEntry) else None
 
     async def _inspect(self, id: str) -> SandboxEntry | ContainerEntry | None:
-        try:
-            info = await self._client.json("GET", f"containers/{id}/json")
-        except EngineError as e:
-            if e.not_found:
-                return None
-            raise RuntimeFailure(f"cannot inspect container {id[:12]}: {e}") from e
+        info: Any = None
+        for attempt in range(INSPECT_ATTEMPTS):
+            try:
+                info = await self._client.json("GET", f"containers/{id}/json")
+                break
+            except EngineError as e:
+                if e.not_found:
+                    return None
+                # Podman reads /proc/<pid>/cgroup of a container it still thinks is running;
+                # a process that exits in between makes it answer 500 "no such process".
+                # The next inspect sees the container exited.
+                if "no such process" not in e.message or attempt == INSPECT_ATTEMPTS - 1:
+                    raise RuntimeFailure(f"cannot inspect container {id[:12]}: {e}") from e
+                await asyncio.sleep(0.01 * (attempt + 1))
         entry = parse_inspect(info, self._node_ip)
         if isinstance(entry, ContainerEntry):
             self._track_oom(entry, memory_limit(info))
