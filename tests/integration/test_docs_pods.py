@@ -13,6 +13,7 @@ with the process runtime a missing mount point is created on the host.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -247,6 +248,16 @@ def write_all(directory: Path, pods: dict[str, str]) -> None:
         if "\nmetadata:\n  labels" in body:  # merge the page's own metadata into ours
             text = "apiVersion: v1\nkind: Pod\n" + body.lstrip("\n").replace(
                 "metadata:\n", f"metadata:\n  name: {name}\n", 1
+            )
+        # The pages' pods leave the grace period at 30 s, and some shells (PID 1 in a
+        # container) ignore SIGTERM: a short one keeps the agent's stop at the end quick.
+        if "\n  terminationGracePeriodSeconds:" not in text:
+            text = re.sub(
+                r"^spec:\n",
+                "spec:\n  terminationGracePeriodSeconds: 3\n",
+                text,
+                count=1,
+                flags=re.M,
             )
         write_pod(directory, name, text)
 

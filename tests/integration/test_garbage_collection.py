@@ -211,7 +211,8 @@ def numbers(text: str) -> list[int]:
 def test_logs_rotate_and_the_latest_lines_still_show(
     start_agent: Callable[..., Agent], manifests: Path, tmp_path: Path, backend: Backend
 ) -> None:
-    write_pod(manifests, "chatty", pod_yaml("chatty", WRITER))
+    # The writer shell is PID 1 in a container and ignores SIGTERM: a short grace ends the test.
+    write_pod(manifests, "chatty", pod_yaml("chatty", WRITER, grace=2))
     agent = start_agent(
         *backend.flags,
         "--container-log-max-size", "16Ki",
