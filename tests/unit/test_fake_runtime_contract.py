@@ -257,7 +257,7 @@ async def test_failures_are_injected_and_healed(fake: FakeRuntime) -> None:
 
 
 async def test_images_are_pulled_as_the_policy_says(fake: FakeRuntime) -> None:
-    fake.images = {"present:1"}
+    fake.present_images = {"present:1"}
     fake.pull_errors["broken:1"] = "manifest unknown"
     pod = make_pod()
     sandbox = await fake.run_sandbox(pod)
@@ -274,7 +274,7 @@ async def test_images_are_pulled_as_the_policy_says(fake: FakeRuntime) -> None:
         await fake.start_container(pod, sandbox, with_image("broken:1", "IfNotPresent", "c"))
     assert broken.value.reason == "ErrImagePull"
     await fake.start_container(pod, sandbox, with_image("new:1", "IfNotPresent", "d"))
-    assert "new:1" in fake.images
+    assert "new:1" in fake.present_images
     await fake.start_container(pod, sandbox, with_image("present:1", "Always", "e"))
     assert [c.detail for c in fake.ops("pull_image")] == ["broken:1", "new:1", "present:1"]
     with pytest.raises(StartError) as twice:
