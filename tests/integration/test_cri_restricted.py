@@ -4,15 +4,14 @@ sysctls, the masked /proc paths, and runAsNonRoot checked against the image's us
 
 from __future__ import annotations
 
-import json
+import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pykubelet.runtime.base import StartError
 from pykubelet.runtime.cri.runtime import CriRuntime
-from tests.integration.test_docker_restricted import NET_ADMIN, STATUS, status
+from tests.integration import restricted_checks as checks
 from tests.unit.test_cri_runtime import config, exited, make_pod, runtime
 
 pytestmark = pytest.mark.cri
@@ -32,71 +31,28 @@ async def run(rt: CriRuntime, script: str, pod_spec: dict[str, Any] | None = Non
 async def test_restricted_container_sees_no_caps_no_new_privs_and_a_filter(
     runtime: CriRuntime,
 ) -> None:
-    code, log = await run(
-        runtime,
-        STATUS,
-        run_as_user=1000,
-        no_new_privileges=True,
-        capabilities_drop=["ALL"],
-        seccomp="RuntimeDefault",
-    )
-    assert code == 0, log
-    assert status(log) == {"CapEff": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"}
+    await checks.no_caps_no_new_privs_and_a_filter(functools.partial(run, runtime))
 
 
 async def test_default_is_unconfined_and_capabilities_are_added(runtime: CriRuntime) -> None:
-    code, log = await run(runtime, STATUS)
-    assert code == 0, log
-    plain = status(log)
-    assert (plain["NoNewPrivs"], plain["Seccomp"]) == ("0", "0")
-    code, log = await run(runtime, STATUS, capabilities_add=["NET_ADMIN"])
-    assert code == 0, log
-    assert int(status(log)["CapEff"], 16) == int(plain["CapEff"], 16) | NET_ADMIN
+    await checks.unconfined_by_default_and_capabilities_added(functools.partial(run, runtime))
 
 
 async def test_localhost_seccomp_profile_from_the_root_dir(
     runtime: CriRuntime, tmp_path: Path
 ) -> None:
-    profiles = tmp_path / "root" / "seccomp" / "profiles"
-    profiles.mkdir(parents=True)
-    (profiles / "no-mkdir.json").write_text(
-        json.dumps(
-            {
-                "defaultAction": "SCMP_ACT_ALLOW",
-                "syscalls": [{"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO"}],
-            }
-        )
+    # containerd reads the profile at create: a missing one is its CreateContainerError.
+    await checks.localhost_seccomp_profile(
+        functools.partial(run, runtime),
+        tmp_path / "root" / "seccomp",
+        "CreateContainerError",
+        "nope.json",
     )
-    code, log = await run(
-        runtime,
-        f"{STATUS}; mkdir /tmp/x 2>/dev/null && echo made || echo refused",
-        seccomp="Localhost",
-        seccomp_localhost_profile="profiles/no-mkdir.json",
-    )
-    assert code == 0, log
-    assert status(log)["Seccomp"] == "2"
-    assert log.split()[-1] == "refused"
 
 
 async def test_sysctls_on_the_sandbox_and_proc_unmasked(runtime: CriRuntime) -> None:
-    keepalive = {"name": "net.ipv4.tcp_keepalive_time", "value": "600"}
-    spec = {"securityContext": {"sysctls": [keepalive]}}
-    script = (
-        "cat /proc/sys/net/ipv4/tcp_keepalive_time; "
-        "grep -cE ' /proc/(keys|acpi|sys) ' /proc/self/mountinfo"
-    )
-    _, log = await run(runtime, script, spec)
-    assert log.split()[0] == "600" and int(log.split()[1]) >= 2, log
-    _, log = await run(runtime, script, spec, proc_mount_unmasked=True)
-    assert log.split() == ["600", "0"], log
+    await checks.sysctls_on_the_sandbox_and_proc_unmasked(functools.partial(run, runtime))
 
 
 async def test_run_as_non_root_checks_the_images_user(runtime: CriRuntime) -> None:
-    with pytest.raises(StartError) as info:
-        await run(runtime, "id -u", run_as_non_root=True)
-    assert info.value.reason == "CreateContainerConfigError"
-    assert info.value.message.startswith(
-        "container has runAsNonRoot and image will run as root (pod: "
-    )
-    code, log = await run(runtime, "id -u", run_as_non_root=True, run_as_user=1000)
-    assert (code, log.split()) == (0, ["1000"])
+    await checks.run_as_non_root_checks_the_images_user(functools.partial(run, runtime))
