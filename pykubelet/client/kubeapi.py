@@ -116,7 +116,7 @@ def _tls_files(kubeconfig: Path, user: Obj, cluster: Obj) -> list[Path]:
     return files
 
 
-def _read_credentials(kubeconfig: Path) -> Credentials:
+def read_credentials(kubeconfig: Path) -> Credentials:
     """The user's credentials (their files not read yet); runs in a worker thread."""
     if str(kubeconfig) in ("", "."):
         return in_cluster()
@@ -215,7 +215,7 @@ class KubeApi:
         plugin's first run). `credentials`: the kubeconfig's, already read (tests set their
         periods)."""
         if credentials is None:
-            credentials = await asyncio.to_thread(_read_credentials, kubeconfig)
+            credentials = await asyncio.to_thread(read_credentials, kubeconfig)
         creds: Credentials = credentials
         try:
             await creds.start()
