@@ -95,9 +95,14 @@ class Credentials:
     _tmp: Path | None = None
     _exec_cert_data: tuple[str, str] | None = None
 
-    @property
-    def refreshable(self) -> bool:
-        return self.token_file is not None or self.exec_config is not None or bool(self.watched)
+    def source(self) -> tuple[object, ...]:
+        """Where the credential comes from: another one is a new credential."""
+        return (self.token_value, self.token_file, self.exec_config, self.watched)
+
+    def adopt_periods(self, old: Credentials) -> None:
+        self.token_file_period = old.token_file_period
+        self.file_check_period = old.file_check_period
+        self.generation = old.generation
 
     async def start(self) -> None:
         """The first fetch (the plugin's first run) and the files' first look; raises

@@ -245,6 +245,17 @@ class KubeApi:
         assert self._kubeconfig is not None and self.credentials is not None
         async with self._rebuilding:
             creds = self.credentials
+            # The kubeconfig itself may have changed: another user's credential is started.
+            fresh = await asyncio.to_thread(read_credentials, self._kubeconfig)
+            if fresh.source() != creds.source():
+                fresh.adopt_periods(creds)
+                try:
+                    await fresh.start()
+                except CredentialError as exc:
+                    raise ConfigError(str(exc)) from None
+                log.info("the credentials of %s changed", fresh.where)
+                await asyncio.to_thread(creds.close)
+                self.credentials = creds = fresh
             generation = creds.generation
             cfg = await asyncio.to_thread(_load_configuration, self._kubeconfig, creds)
             client, core, watchers = await asyncio.to_thread(_build_client, cfg, self._user_agent)
@@ -272,6 +283,8 @@ class KubeApi:
                 # Half-written files, say: the old client goes on, the next change retries.
                 log.error("rebuilding the API client: %s", exc)
                 self._generation = creds.generation
+            if self.credentials is not creds and self.credentials is not None:
+                token = await self.credentials.token()
         api_key = self._client.configuration.api_key
         if token:
             api_key["BearerToken"] = f"Bearer {token}"

@@ -76,9 +76,9 @@ def exec_user(plugin: Path, issued: Path, life: float, **extra: Any) -> dict[str
     }
 
 
-def only_the_last_issued(issued: Path) -> Any:
+def only_the_last_issued(issued: Path, user: str = NODE_USER.name) -> Any:
     """The fixture's resolver: the last token the plugin issued, until it expires or is
-    revoked."""
+    revoked; it is `user`, a node."""
 
     def resolve(token: str) -> User | None:
         lines = issued.read_text().splitlines() if issued.exists() else []
@@ -87,7 +87,7 @@ def only_the_last_issued(issued: Path) -> Any:
         current, expires = lines[-1].split()
         if token != current or (float(expires) and time.time() >= float(expires)):
             return None
-        return NODE_USER
+        return User(user, groups=("system:nodes",))
 
     return resolve
 
@@ -200,6 +200,26 @@ async def test_a_token_file_is_re_read_on_a_401_and_every_period(
         assert unauthorized(server) == 1
     finally:
         await api.close()
+
+
+async def test_a_kubeconfig_rewritten_with_another_credential_is_picked_up(
+    server: ApiServer, tmp_path: Path
+) -> None:
+    server.add_token("token-a", "alice")
+    server.add_token("token-b", "bob")
+    kubeconfig = kubeconfig_with(server, tmp_path, {"token": "token-a"})
+    creds = await asyncio.to_thread(read_credentials, kubeconfig)
+    creds.file_check_period = 0.2
+    api = await KubeApi.connect(kubeconfig, NODE, creds)
+    try:
+        await api.get("/api/v1/namespaces")
+        kubeconfig_with(server, tmp_path, {"token": "token-b"})
+        await asyncio.sleep(0.4)
+        await api.get("/api/v1/namespaces")
+    finally:
+        await api.close()
+    users = [r.user for r in server.requests() if r.path == "/api/v1/namespaces"]
+    assert users == ["alice", "bob"]
 
 
 async def test_client_certificate_files_rewritten_in_place_are_picked_up(
