@@ -95,6 +95,9 @@ class Credentials:
     _tmp: Path | None = None
     _exec_cert_data: tuple[str, str] | None = None
 
+    def __repr__(self) -> str:  # never the token or the key
+        return f"Credentials({self.where!r}, runs={self.exec_runs}, generation={self.generation})"
+
     def source(self) -> tuple[object, ...]:
         """Where the credential comes from: another one is a new credential."""
         return (self.token_value, self.token_file, self.exec_config, self.watched)

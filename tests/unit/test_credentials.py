@@ -7,6 +7,8 @@ files rewritten in place picked up; bad plugin output refused with the field nam
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import sys
 import time
 from pathlib import Path
@@ -244,6 +246,51 @@ async def test_client_certificate_files_rewritten_in_place_are_picked_up(
             await api.close()
         users = [r.user for r in server.requests() if r.path == "/api/v1/nodes"]
         assert users == ["first", "second"]
+    finally:
+        server.close()
+
+
+async def test_a_plugin_certificate_is_used_and_replaced_when_it_expires(tmp_path: Path) -> None:
+    server = ApiServer(tls=True, token=None)
+    server.start()
+    credential = tmp_path / "credential.json"
+
+    def issue(cn: str, life: float) -> float:
+        key, cert = make_client_cert(server.pki.ca, cn, "admins")
+        cert_pem, key_pem = write_pem(tmp_path / "pki", cn, key, cert)
+        at = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=life)
+        status = {
+            "clientCertificateData": cert_pem.read_text(),
+            "clientKeyData": key_pem.read_text(),
+            "expirationTimestamp": at.isoformat().replace("+00:00", "Z"),
+        }
+        version = "client.authentication.k8s.io/v1"
+        credential.write_text(
+            json.dumps({"apiVersion": version, "kind": "ExecCredential", "status": status})
+        )
+        return at.timestamp()
+
+    try:
+        expires = issue("exec-cert-1", 3.0)
+        plugin = write_plugin(tmp_path, f"#!/bin/sh\nexec cat {credential}\n")
+        kubeconfig = kubeconfig_with(server, tmp_path, exec_user(plugin, tmp_path / "x", 0))
+        api = await KubeApi.connect(kubeconfig, NODE)
+        try:
+            await api.get("/api/v1/nodes")
+            issue("exec-cert-2", 60.0)
+            await asyncio.sleep(max(0.0, expires - time.time()))  # the first one has expired
+            await api.get("/api/v1/nodes")
+            await api.get("/api/v1/nodes")
+            creds = api.credentials
+            assert creds is not None and creds.exec_runs >= 2
+            assert "BEGIN" not in repr(creds)  # no key nor token in a repr
+            [tmp] = {p.parent for p in creds.exec_cert or ()}
+            assert oct(tmp.stat().st_mode & 0o777) == "0o700"
+        finally:
+            await api.close()
+        assert not tmp.exists()  # the key is not left behind
+        users = [r.user for r in server.requests() if r.path == "/api/v1/nodes"]
+        assert users == ["exec-cert-1", "exec-cert-2", "exec-cert-2"]
     finally:
         server.close()
 
