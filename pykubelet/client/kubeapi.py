@@ -1,11 +1,17 @@
 """The one client of the Kubernetes API server: every request of the agent goes through here.
 
 `KubeApi` wraps `kubernetes.aio` (the official client's asyncio API; untyped, so this is the
-typed boundary). Requests go through its ApiClient (configuration, auth, TLS) with JSON in and
-out as plain dicts: the generated models would re-serialise a MicroTime such as a Lease's
-renewTime without its six fractional digits, which a real API server rejects. The watch is the
-client's `Watch`, which asks for bookmarks and surfaces a 410 as an exception. Every request
-first takes a token from one bucket (the kubelet's defaults: 50 per second, bursts of 100).
+typed boundary). Requests go through its ApiClient (configuration, TLS) with JSON in and out as
+plain dicts: the generated models would re-serialise a MicroTime such as a Lease's renewTime
+without its six fractional digits, which a real API server rejects. The watch is the client's
+`Watch`, which asks for bookmarks and surfaces a 410 as an exception. Every request first takes
+a token from one bucket (the kubelet's defaults: 50 per second, bursts of 100).
+
+The credentials are ours, not the library's (credentials.py: an exec plugin, a tokenFile, the
+certificate files, kept fresh): the bearer token is set before each request and watch, the
+client is rebuilt when the TLS material changes, and a request answered 401 is sent once more
+with the credentials fetched anew (authentication comes before anything is done, so any request
+may be repeated).
 """
 
 from __future__ import annotations
