@@ -1,11 +1,17 @@
 """The one client of the Kubernetes API server: every request of the agent goes through here.
 
 `KubeApi` wraps `kubernetes.aio` (the official client's asyncio API; untyped, so this is the
-typed boundary). Requests go through its ApiClient (configuration, auth, TLS) with JSON in and
-out as plain dicts: the generated models would re-serialise a MicroTime such as a Lease's
-renewTime without its six fractional digits, which a real API server rejects. The watch is the
-client's `Watch`, which asks for bookmarks and surfaces a 410 as an exception. Every request
-first takes a token from one bucket (the kubelet's defaults: 50 per second, bursts of 100).
+typed boundary). Requests go through its ApiClient (configuration, TLS) with JSON in and out as
+plain dicts: the generated models would re-serialise a MicroTime such as a Lease's renewTime
+without its six fractional digits, which a real API server rejects. The watch is the client's
+`Watch`, which asks for bookmarks and surfaces a 410 as an exception. Every request first takes
+a token from one bucket (the kubelet's defaults: 50 per second, bursts of 100).
+
+The credentials are ours, not the library's (credentials.py: an exec plugin, a tokenFile, the
+certificate files, kept fresh): the bearer token is set before each request and watch, the
+client is rebuilt when the TLS material changes, and a request answered 401 is sent once more
+with the credentials fetched anew (authentication comes before anything is done, so any request
+may be repeated).
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from pykubelet import __version__
+from pykubelet.client.credentials import CredentialError, Credentials, from_user, in_cluster
 from pykubelet.client.throttle import RateLimiter
 
 log = logging.getLogger(__name__)
@@ -78,9 +86,60 @@ _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
 # --- the client ---------------------------------------------------------------------------------
 
 
-def _load_configuration(kubeconfig: Path) -> Any:
-    """Build the client's configuration; runs in a worker thread (it reads files)."""
-    kube_config: Any = importlib.import_module("kubernetes.aio.config")
+_AUTH_FIELDS = ("exec", "token", "tokenFile", "username", "password")
+
+
+def _current_user(kubeconfig: Path) -> tuple[str, Obj, Obj]:
+    """The current context's user name, user and cluster (reads the file)."""
+    try:
+        data = yaml.safe_load(kubeconfig.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{kubeconfig}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{kubeconfig}: not a kubeconfig")
+
+    def named(kind: str, name: str) -> Obj:
+        for item in data.get(f"{kind}s") or []:
+            if isinstance(item, dict) and item.get("name") == name:
+                value = item.get(kind)
+                return value if isinstance(value, dict) else {}
+        raise ConfigError(f"{kubeconfig}: current-context: no {kind} named {name!r}")
+
+    context = named("context", str(data.get("current-context") or ""))
+    user_name = str(context.get("user") or "")
+    user = named("user", user_name) if user_name else {}
+    cluster = named("cluster", str(context.get("cluster") or ""))
+    return user_name, user, cluster
+
+
+def _tls_files(kubeconfig: Path, user: Obj, cluster: Obj) -> list[Path]:
+    files = []
+    for section, key in ((cluster, "certificate-authority"), (user, "client-certificate"),
+                         (user, "client-key")):  # fmt: skip
+        if section.get(key) and not section.get(f"{key}-data"):
+            path = Path(str(section[key]))
+            files.append(path if path.is_absolute() else kubeconfig.parent / path)
+    return files
+
+
+def read_credentials(kubeconfig: Path) -> Credentials:
+    """The user's credentials (their files not read yet); runs in a worker thread."""
+    if str(kubeconfig) in ("", "."):
+        return in_cluster()
+    if not kubeconfig.is_file():
+        raise ConfigError(f"{kubeconfig}: no such file")
+    name, user, cluster = _current_user(kubeconfig)
+    try:
+        return from_user(kubeconfig, name, user, _tls_files(kubeconfig, user, cluster))
+    except CredentialError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _load_configuration(kubeconfig: Path, creds: Credentials) -> Any:
+    """Build the client's configuration: the cluster and TLS from the kubeconfig, the
+    credentials' certificate if they have one (a bearer token is set per request); runs in a
+    worker thread (it reads files)."""
+    kube_config: Any = importlib.import_module("kubernetes.aio.config.kube_config")
     client: Any = importlib.import_module("kubernetes.aio.client")
     cfg = client.Configuration()
     try:
@@ -88,17 +147,29 @@ def _load_configuration(kubeconfig: Path) -> Any:
             # An empty --kubeconfig, as client-go: the pod's service account.
             kube_config.load_incluster_config(client_configuration=cfg)
         else:
-            if not kubeconfig.is_file():
-                raise ConfigError(f"{kubeconfig}: no such file")
-            asyncio.run(
-                kube_config.load_kube_config(
-                    config_file=str(kubeconfig), client_configuration=cfg, persist_config=False
-                )
+            data = yaml.safe_load(kubeconfig.read_text())
+            name, user, _ = _current_user(kubeconfig)
+            for item in data.get("users") or []:
+                if isinstance(item, dict) and item.get("name") == name:
+                    stripped = {k: v for k, v in user.items() if k not in _AUTH_FIELDS}
+                    if creds.exec_cert is not None:
+                        cert, key = creds.exec_cert
+                        stripped.pop("client-certificate-data", None)
+                        stripped.pop("client-key-data", None)
+                        stripped.update({"client-certificate": str(cert), "client-key": str(key)})
+                    item["user"] = stripped
+            loader = kube_config.KubeConfigLoader(
+                config_dict=data, config_base_path=str(kubeconfig.parent.absolute())
             )
+            asyncio.run(loader.load_and_set(cfg))
     except ConfigError:
         raise
     except Exception as exc:
         raise ConfigError(f"{kubeconfig or 'in-cluster config'}: {exc}") from None
+    # The token is ours to set, request by request (and never read on the event loop).
+    cfg.refresh_api_key_hook = None
+    cfg.api_key.pop("BearerToken", None)
+    creds.reset_files()
     return cfg
 
 
@@ -125,6 +196,10 @@ class KubeApi:
         host: str,
         qps: float = 50,
         burst: int = 100,
+        *,
+        credentials: Credentials | None = None,
+        kubeconfig: Path | None = None,
+        user_agent: str = "",
     ) -> None:
         self._client = client
         self._core = core
@@ -132,29 +207,96 @@ class KubeApi:
         self.host = host
         self.limiter = RateLimiter(qps, burst)
         self._watching: set[str] = set()
+        self.credentials = credentials
+        self._kubeconfig = kubeconfig
+        self._user_agent = user_agent
+        self._generation = credentials.generation if credentials is not None else 0
+        self._rebuilding: asyncio.Lock = asyncio.Lock()
 
     @classmethod
-    async def connect(cls, kubeconfig: Path, node_name: str) -> KubeApi:
-        """Load the configuration (in a thread: file reads, maybe an exec plugin)."""
-        cfg = await asyncio.to_thread(_load_configuration, kubeconfig)
+    async def connect(
+        cls, kubeconfig: Path, node_name: str, credentials: Credentials | None = None
+    ) -> KubeApi:
+        """Load the configuration (in a thread: file reads) and the credentials (maybe an exec
+        plugin's first run). `credentials`: the kubeconfig's, already read (tests set their
+        periods)."""
+        if credentials is None:
+            credentials = await asyncio.to_thread(read_credentials, kubeconfig)
+        creds: Credentials = credentials
+        try:
+            await creds.start()
+        except CredentialError as exc:
+            raise ConfigError(str(exc)) from None
+        cfg = await asyncio.to_thread(_load_configuration, kubeconfig, creds)
         agent = f"pykubelet/{__version__} (linux) node/{node_name}"
         client, core, watchers = await asyncio.to_thread(_build_client, cfg, agent)
-        return cls(client, core, watchers, str(cfg.host))
+        return cls(
+            client,
+            core,
+            watchers,
+            str(cfg.host),
+            credentials=creds,
+            kubeconfig=kubeconfig,
+            user_agent=agent,
+        )
 
     async def reload(self, kubeconfig: Path, node_name: str) -> None:
         """Rebuild the client from the kubeconfig (a rotated client certificate): new requests
         and watches use the new credentials; those on the old connections fail and are retried."""
-        cfg = await asyncio.to_thread(_load_configuration, kubeconfig)
-        agent = f"pykubelet/{__version__} (linux) node/{node_name}"
-        client, core, watchers = await asyncio.to_thread(_build_client, cfg, agent)
-        old_client, old_watchers = self._client, self._watchers
-        self._client, self._core, self._watchers = client, core, watchers
+        self._kubeconfig = kubeconfig
+        self._user_agent = f"pykubelet/{__version__} (linux) node/{node_name}"
+        await self._rebuild()
+
+    async def _rebuild(self) -> None:
+        assert self._kubeconfig is not None and self.credentials is not None
+        async with self._rebuilding:
+            creds = self.credentials
+            # The kubeconfig itself may have changed: another user's credential is started.
+            fresh = await asyncio.to_thread(read_credentials, self._kubeconfig)
+            if fresh.source() != creds.source():
+                fresh.adopt_periods(creds)
+                try:
+                    await fresh.start()
+                except CredentialError as exc:
+                    raise ConfigError(str(exc)) from None
+                log.info("the credentials of %s changed", fresh.where)
+                await asyncio.to_thread(creds.close)
+                self.credentials = creds = fresh
+            generation = creds.generation
+            cfg = await asyncio.to_thread(_load_configuration, self._kubeconfig, creds)
+            client, core, watchers = await asyncio.to_thread(_build_client, cfg, self._user_agent)
+            old_client, old_watchers = self._client, self._watchers
+            self._client, self._core, self._watchers = client, core, watchers
+            self._generation = generation
         try:
             await old_client.close()
             for watcher in old_watchers.values():
                 await watcher.close()
         except Exception:
             log.debug("closing the old API client failed", exc_info=True)
+
+    async def _authenticate(self) -> str | None:
+        """The credentials brought up to date (the client rebuilt if their files changed); the
+        bearer token set on the configuration, returned."""
+        creds = self.credentials
+        if creds is None:
+            return None
+        token = await creds.token()
+        if creds.generation != self._generation:
+            try:
+                await self._rebuild()
+            except ConfigError as exc:
+                # Half-written files, say: the old client goes on, the next change retries.
+                log.error("rebuilding the API client: %s", exc)
+                self._generation = creds.generation
+            if self.credentials is not creds and self.credentials is not None:
+                token = await self.credentials.token()
+        api_key = self._client.configuration.api_key
+        if token:
+            api_key["BearerToken"] = f"Bearer {token}"
+        else:
+            api_key.pop("BearerToken", None)
+        return token
 
     async def close(self) -> None:
         try:
@@ -163,6 +305,8 @@ class KubeApi:
                 await watcher.close()
         except Exception:
             log.debug("closing the API client failed", exc_info=True)
+        if self.credentials is not None:
+            await asyncio.to_thread(self.credentials.close)
 
     async def request(
         self,
@@ -175,20 +319,17 @@ class KubeApi:
         request_timeout: float = REQUEST_TIMEOUT,
     ) -> Obj:
         await self.limiter.acquire()
-        try:
-            params = await self._client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=list(query),
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body,
-                auth_settings=["BearerToken"],
+        for attempt in (1, 2):
+            token = await self._authenticate()
+            status, raw = await self._send(
+                method, path, list(query), body, content_type, request_timeout
             )
-            resp = await self._client.call_api(*params, _request_timeout=request_timeout)
-            raw: bytes = await resp.read()
-        except _TRANSPORT_ERRORS as exc:
-            raise _transport_error(exc) from None
-        status = int(resp.status)
+            # A 401 is answered before anything is done: sent again once with credentials
+            # fetched anew (an exec plugin re-run, a token file re-read, rotated certificates).
+            if status != 401 or attempt == 2 or self.credentials is None:
+                break
+            if not await self.credentials.unauthorized(token):
+                break
         if status >= 400:
             raise _status_error(status, raw)
         if not raw:
@@ -198,6 +339,30 @@ class KubeApi:
         except ValueError:
             raise ApiError(status, "BadResponse", "the answer is not JSON") from None
         return data if isinstance(data, dict) else {}
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, Any]],
+        body: Any,
+        content_type: str,
+        request_timeout: float,
+    ) -> tuple[int, bytes]:
+        try:
+            params = await self._client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = await self._client.call_api(*params, _request_timeout=request_timeout)
+            raw: bytes = await resp.read()
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc) from None
+        return int(resp.status), raw
 
     async def get(self, path: str) -> Obj:
         return await self.request("GET", path)
@@ -289,6 +454,7 @@ class KubeApi:
         api_exception: type[Exception] = exceptions.ApiException
         assert kind not in self._watching, f"one {kind} watch at a time"
         await self.limiter.acquire()
+        token = await self._authenticate()
         self._watching.add(kind)
         watcher = self._watchers[kind]
         stream = watcher.stream(
@@ -314,6 +480,8 @@ class KubeApi:
                     ) from None
                 except api_exception as exc:
                     status = int(getattr(exc, "status", 0) or 0)
+                    if status == 401 and self.credentials is not None:
+                        await self.credentials.unauthorized(token)  # for the next try
                     raise ApiError(status, str(getattr(exc, "reason", "") or ""), "watch") from None
                 except ValueError:
                     raise ApiError(0, "TooLong", "a watch event too long for the client") from None

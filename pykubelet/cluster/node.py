@@ -22,7 +22,9 @@ As the kubelet:
   its message. MemoryPressure, DiskPressure and PIDPressure are the eviction manager's, in the
   kubelet's reasons and messages; while one is True its taint
   (`node.kubernetes.io/memory-pressure:NoSchedule`, ...) is on the Node's spec.taints, merged
-  with the other taints (the node lifecycle controller's work in a cluster, done here).
+  with the other taints (the node lifecycle controller's work in a cluster, done here; where
+  NodeRestriction refuses a node its own taints, as kube-apiserver does for system:node:<name>,
+  that is logged once and left to the controller).
 
 Capacity: cpu is the CPUs this process may use, memory MemTotal, pods `--max-pods`,
 ephemeral-storage the size of the file system of `--root-dir`. Allocatable is capacity less
@@ -260,6 +262,7 @@ class NodeAgent:
         self._resources = resources
         self._pressure = pressure
         self._tainted: frozenset[str] | None = None  # the pressure last put in spec.taints
+        self._taints_refused = False  # NodeRestriction said no once: not logged again
         self._kubelet_port = 0
         self.lease_period = lease_period
         self.status_period = status_period
@@ -486,7 +489,21 @@ class NodeAgent:
         taints = list((node.get("spec") or {}).get("taints") or [])
         wanted = with_pressure_taints(taints, pressure)
         if wanted != taints:
-            await api.patch(self.path, {"spec": {"taints": wanted}}, kind="merge")
+            try:
+                await api.patch(self.path, {"spec": {"taints": wanted}}, kind="merge")
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                # NodeRestriction: a node's own identity may not modify its taints after
+                # registration; in such a cluster the node lifecycle controller puts them there.
+                if not self._taints_refused:
+                    log.warning(
+                        "the API server refuses node %s its own taints (%s): the pressure "
+                        "taints are left to the node lifecycle controller",
+                        self.node_name,
+                        exc.message,
+                    )
+                self._taints_refused = True
         self._tainted = pressure
 
     async def update_status(self, api: KubeApi, force: bool = False) -> bool:

@@ -4,6 +4,7 @@ it do."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import pytest
 import yaml
 
 from pykubelet.client.kubeapi import ApiError, KubeApi
+from pykubelet.cluster.node import NodeAgent
+from pykubelet.common.machine import read_machine_facts
 from tests.fixtures.apiserver import ApiServer
 
 Obj = dict[str, Any]
@@ -113,6 +116,63 @@ async def test_a_node_may_not_give_itself_a_control_plane_label(
     remove = {"metadata": {"labels": {"k8s.io/pool": None}}}
     message = await forbidden(node_api.patch(f"/api/v1/nodes/{NODE}", remove))
     assert message.endswith("is not allowed to modify labels: k8s.io/pool")
+
+
+async def test_a_node_registers_with_taints_but_may_not_modify_them(
+    node_api: KubeApi, api: KubeApi
+) -> None:
+    taint = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+    node = {"metadata": {"name": NODE}, "spec": {"taints": [taint]}}
+    created = await node_api.create("/api/v1/nodes", node)  # --register-with-taints
+    assert created["spec"]["taints"] == [taint]
+    path = f"/api/v1/nodes/{NODE}"
+    for taints in ([], [taint, {"key": "mine", "effect": "NoExecute"}], None):
+        message = await forbidden(node_api.patch(path, {"spec": {"taints": taints}}, "merge"))
+        assert message == 'nodes "n1" is forbidden: node "n1" is not allowed to modify taints'
+    # A write that leaves them as they are, its status and labels of its own still go through.
+    await node_api.patch(path, {"metadata": {"labels": {"team": "a"}}})
+    await node_api.patch(f"{path}/status", {"status": {"phase": "Running"}})
+    whole = await node_api.get(path)
+    assert (await node_api.replace(path, whole))["spec"]["taints"] == [taint]
+    # The admin (a controller, kubectl taint) still may.
+    await api.patch(path, {"spec": {"taints": None}}, "merge")
+    assert "taints" not in (await node_api.get(path))["spec"]
+
+
+async def test_pressure_taints_refused_to_a_node_are_left_to_the_controller(
+    node_api: KubeApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's own pressure taints: refused by NodeRestriction, warned about once, while
+    the Lease and the status (with the condition) carry on."""
+    agent = NodeAgent(
+        NODE,
+        host_ip="10.1.2.3",
+        max_pods=10,
+        runtime_name="process",
+        facts=read_machine_facts(tmp_path),
+        health_problems=list,
+        pressure=lambda: frozenset({"MemoryPressure"}),
+        lease_period=0.1,
+        status_period=0.1,
+        report_period=0.1,
+    )
+    task = asyncio.create_task(agent.run(node_api))
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        for _ in range(100):
+            if agent.lease_renewals >= 5:
+                break
+            await asyncio.sleep(0.05)
+        node = await node_api.get(f"/api/v1/nodes/{NODE}")
+        conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert conditions["MemoryPressure"] == "True" and agent.lease_renewals >= 5
+        assert not node["spec"].get("taints")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    warned = [r for r in caplog.records if "refuses node n1 its own taints" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]
+    assert "not allowed to modify taints" in warned[0].getMessage()
 
 
 async def test_pods_a_node_may_write_are_its_own(server: ApiServer, node_api: KubeApi) -> None:
