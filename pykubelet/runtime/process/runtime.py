@@ -84,6 +84,7 @@ from pykubelet.runtime.process.spawn import (
     exec_context,
     exec_launched,
     launch_config,
+    os_reason,
     spawn,
     spawn_launched,
 )
@@ -409,7 +410,7 @@ class ProcessRuntime:
             try:
                 await asyncio.to_thread(_create_sandbox, pod_dir, sandbox.to_json())
             except OSError as e:
-                raise RuntimeFailure(f"cannot create the sandbox of pod {pod.key}: {e}") from e
+                raise RuntimeFailure(f"cannot write the sandbox's state: {os_reason(e)}") from e
             if state is None:
                 state = self._pods.setdefault(
                     pod.uid, PodRecord(pod.uid, pod.metadata.name, pod.metadata.namespace)
@@ -500,7 +501,10 @@ class ProcessRuntime:
         try:
             await asyncio.to_thread(_write_marker, starting)
         except OSError as e:
-            raise RuntimeFailure(f"cannot write {starting}: {e}") from e
+            # No space or inodes left under --root-dir: the container cannot be created.
+            raise StartError(
+                "CreateContainerError", f"cannot write the container's state: {os_reason(e)}"
+            ) from e
         if launch is not None:
             launch["pods_dir"] = str(self._volumes_dir)
         procs: list[str] = []
