@@ -410,7 +410,8 @@ class ProcessRuntime:
             try:
                 await asyncio.to_thread(_create_sandbox, pod_dir, sandbox.to_json())
             except OSError as e:
-                raise RuntimeFailure(f"cannot write the sandbox's state: {os_reason(e)}") from e
+                why = os_reason(e, pod_dir)
+                raise RuntimeFailure(f"cannot write the sandbox's state: {why}") from e
             if state is None:
                 state = self._pods.setdefault(
                     pod.uid, PodRecord(pod.uid, pod.metadata.name, pod.metadata.namespace)
@@ -752,7 +753,13 @@ class ProcessRuntime:
             await self._persist(rec)
         except OSError as e:
             # Memory stays right; after a restart the stale "running" file reads as an unknown exit.
-            log.error("cannot record the exit of container %s: %s", rec.id, e)
+            log.error(
+                "container %s of pod %s/%s: cannot record its exit: %s",
+                rec.name,
+                rec.pod_namespace,
+                rec.pod_name,
+                os_reason(e),
+            )
         rec.exited.set()
         self._notify(rec.pod_uid)
 

@@ -138,10 +138,12 @@ def spawn(
     return pid, pidfd, start_time
 
 
-def os_reason(e: OSError) -> str:
-    """An operating-system error as Go prints one: "open /var/lib/x: no space left on device"."""
+def os_reason(e: OSError, where: Path | str | None = None) -> str:
+    """An operating-system error as Go prints one: "/var/lib/x: no space left on device"
+    (`where` names the file when the error does not, as a write's does not)."""
     reason = (e.strerror or str(e)).lower()
-    return f"{e.filename}: {reason}" if e.filename else reason
+    place = e.filename or where
+    return f"{place}: {reason}" if place else reason
 
 
 def exec_error(program: str, cwd: str, e: OSError) -> StartError:
