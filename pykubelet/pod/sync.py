@@ -51,6 +51,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     Runtime,
     RuntimeContainer,
+    RuntimeFailure,
     RuntimePod,
     RuntimeSandbox,
     StartError,
@@ -118,6 +119,9 @@ SERVICES_RETRY_SECONDS = 1.0
 STRAGGLER_SECONDS = 3.0
 STRAGGLER_POLL_SECONDS = 0.25
 MAX_STOP_PASSES = 20
+# How soon a pod whose sync met an operating-system or runtime error is tried again (the pod
+# workers' back-off period).
+SYNC_ERROR_RETRY_SECONDS = 10.0
 
 
 class _Pass:
@@ -191,6 +195,14 @@ class PodSync:
     async def sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
         try:
             return await self._sync_pod(update, pod)
+        except (RuntimeFailure, OSError) as e:
+            # An operating-system or runtime error in a step without its own event (the
+            # runtime's view, stopping a container it no longer wants): as the kubelet's
+            # "Error syncing pod", one line and a retry; a traceback is for our own bugs.
+            log.error(
+                "pod %s: sync failed: %s; retrying in %gs", pod.key, e, SYNC_ERROR_RETRY_SECONDS
+            )
+            return SyncResult(requeue_after=SYNC_ERROR_RETRY_SECONDS)
         except asyncio.CancelledError:
             # A kill cancelled this sync (pod workers): a container it was creating may reach
             # the runtime's view only after the termination looked. Termination looks longer.
@@ -209,7 +221,12 @@ class PodSync:
                 sandbox_config = await self.network.sandbox_config(pod)
             except DnsError as e:
                 return self._sandbox_failed(pod, runtime_pod, previous, str(e))
-            sandbox = await self.runtime.run_sandbox(pod, sandbox_config)
+            try:
+                sandbox = await self.runtime.run_sandbox(pod, sandbox_config)
+            except RuntimeFailure as e:
+                # No space, no memory, the engine refusing: the kubelet's event and waiting
+                # reason, tried again later, not a traceback.
+                return self._sandbox_failed(pod, runtime_pod, previous, str(e))
             runtime_pod = await self.runtime.get_pod(uid)
         instances: dict[str, list[RuntimeContainer]] = defaultdict(list)
         for c in runtime_pod.containers if runtime_pod else []:
@@ -263,6 +280,12 @@ class PodSync:
         containers waiting in ContainerCreating, tried again later."""
         message = f"Failed to create pod sandbox: {why}"
         self.recorder.record("Warning", "FailedCreatePodSandBox", message, _pod_ref(pod))
+        log.warning(
+            "pod %s: cannot create its sandbox: %s; retrying in %gs",
+            pod.key,
+            why,
+            SANDBOX_RETRY_SECONDS,
+        )
         waiting = {c.name: Waiting("ContainerCreating", message) for c in pod.all_containers()}
         status = compute_pod_status(
             pod, runtime_pod, waiting, previous, self.host_ip, False, probes=self.prober
@@ -569,7 +592,14 @@ class PodSync:
         )
         try:
             started = await self.runtime.start_container(pod, sandbox, config)
-        except StartError as exc:
+        except (StartError, RuntimeFailure) as failed:
+            # A runtime failure at a start (no space for its files, the engine gone) is the
+            # kubelet's CreateContainerError: shown on the container, retried under back-off.
+            exc = (
+                failed
+                if isinstance(failed, StartError)
+                else StartError("CreateContainerError", str(failed))
+            )
             waiting = Waiting(exc.reason, exc.message)
             state.waiting[spec.name] = waiting
             self.backoff.record_start(key)
@@ -580,6 +610,14 @@ class PodSync:
                 # back-off ends: the pod shows ImagePullBackOff until the next pull.
                 state.requeue.append(self.backoff.delay_of(key) / 2)
             self.recorder.record("Warning", "Failed", f"Error: {exc.message}", ref)
+            log.warning(
+                "pod %s: container %s: %s: %s; back-off %gs",
+                pod.key,
+                spec.name,
+                exc.reason,
+                exc.message,
+                self.backoff.delay_of(key),
+            )
             return False
         if attempt > 0 and failure is None:
             # A restart (not the first start, nor a retry after a failed start, which was

@@ -84,6 +84,7 @@ from pykubelet.runtime.process.spawn import (
     exec_context,
     exec_launched,
     launch_config,
+    os_reason,
     spawn,
     spawn_launched,
 )
@@ -409,7 +410,8 @@ class ProcessRuntime:
             try:
                 await asyncio.to_thread(_create_sandbox, pod_dir, sandbox.to_json())
             except OSError as e:
-                raise RuntimeFailure(f"cannot create the sandbox of pod {pod.key}: {e}") from e
+                why = os_reason(e, pod_dir)
+                raise RuntimeFailure(f"cannot write the sandbox's state: {why}") from e
             if state is None:
                 state = self._pods.setdefault(
                     pod.uid, PodRecord(pod.uid, pod.metadata.name, pod.metadata.namespace)
@@ -500,7 +502,10 @@ class ProcessRuntime:
         try:
             await asyncio.to_thread(_write_marker, starting)
         except OSError as e:
-            raise RuntimeFailure(f"cannot write {starting}: {e}") from e
+            # No space or inodes left under --root-dir: the container cannot be created.
+            raise StartError(
+                "CreateContainerError", f"cannot write the container's state: {os_reason(e)}"
+            ) from e
         if launch is not None:
             launch["pods_dir"] = str(self._volumes_dir)
         procs: list[str] = []
@@ -748,7 +753,13 @@ class ProcessRuntime:
             await self._persist(rec)
         except OSError as e:
             # Memory stays right; after a restart the stale "running" file reads as an unknown exit.
-            log.error("cannot record the exit of container %s: %s", rec.id, e)
+            log.error(
+                "container %s of pod %s/%s: cannot record its exit: %s",
+                rec.name,
+                rec.pod_namespace,
+                rec.pod_name,
+                os_reason(e),
+            )
         rec.exited.set()
         self._notify(rec.pod_uid)
 

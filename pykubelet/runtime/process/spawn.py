@@ -94,7 +94,11 @@ def spawn(
         # nothing is lost while the agent restarts.
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     except OSError as e:
-        raise RuntimeFailure(f"cannot open the log file {log_path}: {e}") from e
+        # No space or inodes left under --root-dir, a read-only file system: the container
+        # cannot be created (its waiting reason), not a failure of the runtime.
+        raise StartError(
+            "CreateContainerError", f"cannot create the log file: {os_reason(e)}"
+        ) from e
     out = log_fd if stdio.terminal is None else stdio.terminal
     stdin: int = subprocess.DEVNULL
     if stdio.terminal is not None:
@@ -132,6 +136,14 @@ def spawn(
         os.close(pidfd)
         raise RuntimeFailure(f"cannot read /proc/{pid}/stat; is /proc mounted?")
     return pid, pidfd, start_time
+
+
+def os_reason(e: OSError, where: Path | str | None = None) -> str:
+    """An operating-system error as Go prints one: "/var/lib/x: no space left on device"
+    (`where` names the file when the error does not, as a write's does not)."""
+    reason = (e.strerror or str(e)).lower()
+    place = e.filename or where
+    return f"{place}: {reason}" if place else reason
 
 
 def exec_error(program: str, cwd: str, e: OSError) -> StartError:
