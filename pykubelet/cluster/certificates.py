@@ -367,6 +367,11 @@ class CertificateManager:
         what = self._template.signer
         while True:
             stored = await asyncio.to_thread(self.current)
+            # The certificate held, even expired (it may have expired before this look, on a
+            # slow start): what the exit after EXIT_AFTER_SECONDS counts from.
+            held = stored or await asyncio.to_thread(
+                load_current, self._cert_dir, self._template.prefix
+            )
             if stored is not None:
                 deadline = rotation_deadline(stored.not_before, stored.not_after)
                 wait = (deadline - datetime.datetime.now(datetime.UTC)).total_seconds()
@@ -387,7 +392,7 @@ class CertificateManager:
                     log.error(
                         "rotating the %s certificate: %s (retrying in %.0fs)", what, exc, delay
                     )
-                    self._check_expired(stored)
+                    self._check_expired(held)
                     await asyncio.sleep(delay)
             retry.reset()
             self.rotations += 1
