@@ -16,6 +16,10 @@ from pykubelet.runtime.process import statefile
 
 _Item = tuple[Path, Any, Path | None, "asyncio.Future[None]"]
 
+# Batches on disk at once: a few in parallel let the filesystem commit their fsyncs together
+# (one thread fsyncing a whole burst in turn was slower than the old thread per write).
+FLUSHERS = 4
+
 
 class StateWriter:
     """Group commit of state files. Writes to one path must not overlap (callers hold the
@@ -23,7 +27,8 @@ class StateWriter:
 
     def __init__(self) -> None:
         self._pending: list[_Item] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._flushers = 0  # counted down in the flusher itself: none ends unseen
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def write(self, path: Path, data: Any, then_remove: Path | None = None) -> None:
         """Atomically replace `path` with `data` as JSON, durably; then delete `then_remove`.
@@ -32,8 +37,11 @@ class StateWriter:
         # Retrieved even when its writer was cancelled meanwhile, so no "never retrieved" noise.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._pending.append((path, data, then_remove, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush(), name="state-writer")
+        if self._flushers < FLUSHERS:
+            self._flushers += 1
+            task = asyncio.create_task(self._flush(), name="state-writer")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         # Shielded: a caller that is cancelled (a kill cancels a sync) leaves the batch alone.
         await asyncio.shield(future)
 
@@ -63,4 +71,6 @@ class StateWriter:
                     else:
                         future.set_exception(error)
         finally:
-            self._flusher = None
+            # No await between the last look at _pending and this: a write queued meanwhile
+            # found this flusher counted and running, and was taken by the loop above.
+            self._flushers -= 1
