@@ -45,6 +45,11 @@ WATCH_MASK = (
 )
 # A burst of events (an editor's save, `cp *`) is folded into one scan after this quiet time.
 DEBOUNCE_SECONDS = 0.002
+# In a burst (a scan ended less than this per pod ago), scans are spaced by as much: each batch
+# costs the merger and the sync loop a pass over every pod, so 1,000 manifests written one by
+# one must not become 1,000 batches (20 ms apart at 1,000 pods; an edit after a quiet time is
+# scanned after the debounce alone).
+BURST_SPACING_PER_POD = 20e-6
 WATCH_RETRY_MIN, WATCH_RETRY_MAX = 1.0, 20.0
 
 
@@ -218,6 +223,7 @@ class FileSource:
         self._changed: set[str] | None = None
         self._writing: set[str] = set()
         self._last_sent: dict[str, Pod] | None = None
+        self._last_scan_end = 0.0  # loop time
         self.scans = 0
 
     async def run(self) -> None:
@@ -232,8 +238,14 @@ class FileSource:
                 full = not self._dirty.is_set()
                 if not full:
                     await asyncio.sleep(DEBOUNCE_SECONDS)
+                    loop = asyncio.get_running_loop()
+                    spacing = len(self._last_sent or ()) * BURST_SPACING_PER_POD
+                    since = loop.time() - self._last_scan_end
+                    if since < spacing:
+                        await asyncio.sleep(spacing - since)
                 self._dirty.clear()
                 await self._scan_once(full=full)
+                self._last_scan_end = asyncio.get_running_loop().time()
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
