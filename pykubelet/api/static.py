@@ -75,8 +75,16 @@ def apply_static_defaults(pod: Pod, node_name: str, source: str, location: str) 
             ],
         )
     node = node_name.lower()
-    result = pod.model_copy(deep=True)
-    meta = result.metadata
+    # Copies of only what changes: a deep copy of a pod (pydantic's, through copy.deepcopy)
+    # costs more than decoding it, and the parts left shared are not changed here.
+    meta = pod.metadata.model_copy(update={"annotations": dict(pod.metadata.annotations)})
+    result = pod.model_copy(
+        update={
+            "metadata": meta,
+            "spec": pod.spec.model_copy(update={"node_name": node_name}),
+            "status": pod.status.model_copy(update={"phase": "Pending"}),
+        }
+    )
     if not meta.uid:
         meta.uid = static_pod_uid(pod, node, location)
     meta.name = f"{meta.name}-{node}"
@@ -86,8 +94,6 @@ def apply_static_defaults(pod: Pod, node_name: str, source: str, location: str) 
         )
     if not meta.namespace:
         meta.namespace = "default"
-    result.spec.node_name = node_name
     meta.annotations[CONFIG_HASH] = meta.uid
     meta.annotations[CONFIG_SOURCE] = source
-    result.status.phase = "Pending"
     return result

@@ -49,6 +49,18 @@ def _nonlocal_annotations(pod: Pod) -> dict[str, str]:
     return {k: v for k, v in pod.metadata.annotations.items() if k not in LOCAL_ANNOTATIONS}
 
 
+def _stamped(pod: Pod, source: str, seen: str | None) -> Pod:
+    """A copy of `pod` with the config annotations. Only the metadata is copied: neither the
+    source nor a consumer changes a pod it was given, so the rest is shared (a deep copy of
+    each pod was a fifth of the cost of starting 1,000)."""
+    annotations = {**pod.metadata.annotations, CONFIG_SOURCE: source}
+    if seen is not None:
+        annotations[CONFIG_SEEN] = seen
+    return pod.model_copy(
+        update={"metadata": pod.metadata.model_copy(update={"annotations": annotations})}
+    )
+
+
 def _differ_semantically(old: Pod, new: Pod) -> bool:
     """An UPDATE/DELETE rather than a RECONCILE (the kubelet's podsDifferSemantically)."""
     om, nm = old.metadata, new.metadata
@@ -102,6 +114,10 @@ class PodStorage:
         self._claimants: dict[_Claim, dict[_Ref, None]] = {}
         self._holders: dict[_Claim, _Ref] = {}
         self._active: set[_Ref] = set()
+        # The object each stored pod was made from: a source that sends the same object again
+        # (the file source re-sends its unchanged pods in every SET) sent no change, so the
+        # merge of 1,000 pods with one edit compares one. Sources never change what they sent.
+        self._origin: dict[_Ref, Pod] = {}
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -231,6 +247,7 @@ class PodStorage:
         for uid in uids:
             pod = pods.pop(uid)
             ref = (source, uid)
+            self._origin.pop(ref, None)
             del self._arrival[ref]
             wants = self._wants.pop(ref)
             if ref in self._active:
@@ -260,12 +277,13 @@ class PodStorage:
         uid = pod.uid
         ref = (source, uid)
         stored = old.get(uid)
+        if stored is not None and self._origin.get(ref) is pod:
+            dest[uid] = stored
+            return
         if stored is None:
-            added = pod.model_copy(deep=True)
-            annotations = added.metadata.annotations
-            annotations[CONFIG_SOURCE] = source
-            annotations[CONFIG_SEEN] = self._clock().isoformat()
+            added = _stamped(pod, source, self._clock().isoformat())
             dest[uid] = added
+            self._origin[ref] = pod
             if self._claim(ref, added):
                 changes.adds[ref] = None
             return
@@ -281,13 +299,9 @@ class PodStorage:
             dest[uid] = stored
             return
         active = ref in self._active
+        self._origin[ref] = pod
         if _differ_semantically(stored, pod):
-            replaced = pod.model_copy(deep=True)
-            annotations = replaced.metadata.annotations
-            annotations[CONFIG_SOURCE] = source
-            seen = stored.metadata.annotations.get(CONFIG_SEEN)
-            if seen is not None:
-                annotations[CONFIG_SEEN] = seen
+            replaced = _stamped(pod, source, stored.metadata.annotations.get(CONFIG_SEEN))
             dest[uid] = replaced
             if active and replaced.metadata.deletion_timestamp is not None:
                 changes.deletes[ref] = None

@@ -76,7 +76,8 @@ class PodNetwork:
 
     async def sandbox_config(self, pod: Pod) -> SandboxConfig:
         """The pod's sandbox hostname and DNS; DnsError saying why they cannot be formed."""
-        dns = await self._dns(pod)
+        # The node's resolver read and the pod's file written in one thread hop.
+        dns = await asyncio.to_thread(self._dns_written, pod)
         ref = ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid)
         for event in dns.events:
             self._recorder.record(
@@ -86,8 +87,13 @@ class PodNetwork:
         if not self.host_network(pod):
             name, domain = hostname_and_domain(pod, self._settings.cluster_domain)
             hostname = kernel_hostname(name, domain, bool(pod.spec.set_hostname_as_fqdn))
-        await asyncio.to_thread(self._write_resolv_conf, pod.uid, dns)
         return SandboxConfig(hostname=hostname, dns=dns.config)
+
+    def _dns_written(self, pod: Pod) -> PodDNS:
+        node = self._read_node_resolver()
+        dns = pod_dns(pod, self._settings, node, host_network=self.host_network(pod))
+        self._write_resolv_conf(pod.uid, dns)
+        return dns
 
     async def container_files(
         self, pod: Pod, pod_ip: str | None, mounts: list[Mount]

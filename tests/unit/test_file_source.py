@@ -89,6 +89,27 @@ def test_unchanged_files_are_not_reparsed(tmp_path: Path) -> None:
     assert directory.scan().pods[0] is first
 
 
+def test_a_scan_of_named_files_equals_a_full_scan(tmp_path: Path) -> None:
+    for name in ("b", "d", "f"):
+        (tmp_path / f"{name}.yaml").write_text(manifest(name))
+    partial = ManifestDirectory(tmp_path, "node1")
+    full = ManifestDirectory(tmp_path, "node1")
+    partial.scan()
+    kept = partial.scan().pods
+    (tmp_path / "d.yaml").write_text(manifest("d", image="v2"))
+    (tmp_path / "f.yaml").unlink()
+    (tmp_path / "a.yaml").write_text(manifest("a"))
+    (tmp_path / "e.yaml").write_text("kind: [")
+    result = partial.scan_names({"d.yaml", "f.yaml", "a.yaml", "e.yaml", "notes.txt"})
+    expected = full.scan()
+    assert names(expected.pods) == ["a-node1", "b-node1", "d-node1"]
+    assert names(result.pods) == ["b-node1", "d-node1", "a-node1"]  # new ones last
+    assert sorted(p.uid for p in result.pods) == sorted(p.uid for p in expected.pods)
+    assert result.pods[0] is kept[0]  # b.yaml was not looked at again
+    assert [e.location for e in result.new_errors] == [str(tmp_path / "e.yaml")]
+    assert partial.scan_names({"e.yaml"}).new_errors == []  # reported once
+
+
 async def test_inotify_makes_changes_visible_at_once(tmp_path: Path) -> None:
     updates: asyncio.Queue[tuple[float, PodUpdate]] = asyncio.Queue()
     source = FileSource(

@@ -59,3 +59,42 @@ async def test_cancel_is_not_lost_while_the_runtime_keeps_poking(tmp_path: Path)
         done, _ = await asyncio.wait({task}, timeout=1)
         assert done, "PLEG did not stop after cancel"
     await runtime.close()
+
+
+async def test_a_change_looks_at_its_pod_alone_and_keeps_the_gauges(tmp_path: Path) -> None:
+    from pykubelet.common import metrics
+
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    pleg = PLEG(runtime, period=10)
+    listed: list[str] = []
+    real_list = runtime.list_pods
+
+    async def counted_list():  # type: ignore[no-untyped-def]
+        listed.append("list")
+        return await real_list()
+
+    runtime.list_pods = counted_list  # type: ignore[method-assign]
+    task = asyncio.create_task(pleg.run())
+    try:
+        sandbox = await runtime.run_sandbox(pod())
+        config = ContainerConfig(
+            "c", "i", ["/bin/sh", "-c", "sleep 0.2"], [], [], None, 0, "h", "IfNotPresent"
+        )
+        await runtime.start_container(pod(), sandbox, config)
+        first = await asyncio.wait_for(pleg.events.get(), 5)
+        assert first.type is EventType.CONTAINER_STARTED
+        assert metrics.running_pods._value.get() == 1
+        second = await asyncio.wait_for(pleg.events.get(), 5)
+        assert second.type is EventType.CONTAINER_DIED and second.container_id == first.container_id
+        assert metrics.running_pods._value.get() == 0
+        assert metrics.running_containers.labels("exited")._value.get() == 1
+        assert listed == []  # no whole relist within the period
+        await runtime.remove_pod("uid1")
+        await pleg.relist()
+        third = await asyncio.wait_for(pleg.events.get(), 5)
+        assert third.type is EventType.CONTAINER_REMOVED
+        assert metrics.running_containers.labels("exited")._value.get() == 0
+    finally:
+        task.cancel()
+        await runtime.close()

@@ -88,6 +88,7 @@ from pykubelet.runtime.process.spawn import (
     spawn,
     spawn_launched,
 )
+from pykubelet.runtime.process.statewriter import StateWriter
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class ProcessRuntime:
         # The stdin (or terminal) kept for each container started with one (attach.py).
         self._stdio: dict[str, ContainerStdio] = {}
         self._rotator = LogRotator()
+        self._state = StateWriter()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -500,7 +502,8 @@ class ProcessRuntime:
         # otherwise run on, unknown (found by the SIGKILL churn soak).
         starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
         try:
-            await asyncio.to_thread(_write_marker, starting)
+            # The log's directory too: one thread hop, and no mkdir on the loop in spawn.
+            await asyncio.to_thread(_prepare_start, starting, log_path.parent)
         except OSError as e:
             # No space or inodes left under --root-dir: the container cannot be created.
             raise StartError(
@@ -577,7 +580,8 @@ class ProcessRuntime:
         self._watch(rec)
         started = rec.view()
         try:
-            await self._persist(rec)
+            # The marker goes once the state file is durable, in the same batch.
+            await self._persist(rec, then_remove=starting)
         except OSError as e:
             # Unrecorded, it could not be adopted after a restart and would run on unmanaged.
             kill_group(pid, signal.SIGKILL)
@@ -585,7 +589,6 @@ class ProcessRuntime:
                 f"container {config.name} of pod {pod.key}: cannot write its state ({e}); "
                 "the process was killed"
             ) from e
-        await asyncio.to_thread(statefile.remove, starting)
         self._notify(pod.uid)
         return started
 
@@ -765,11 +768,13 @@ class ProcessRuntime:
 
     # --- helpers --------------------------------------------------------------------------------
 
-    async def _persist(self, rec: ContainerRecord) -> None:
+    async def _persist(self, rec: ContainerRecord, then_remove: Path | None = None) -> None:
         async with rec.lock:
             if rec.removed:
+                if then_remove is not None:
+                    await asyncio.to_thread(statefile.remove, then_remove)
                 return
-            await asyncio.to_thread(statefile.write_json, self._container_file(rec), rec.to_json())
+            await self._state.write(self._container_file(rec), rec.to_json(), then_remove)
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         assert self._loop is not None
@@ -813,9 +818,12 @@ class ProcessRuntime:
         return self._pod_dir(uid) / "logs" / name / f"{attempt}.log"
 
 
-def _write_marker(path: Path) -> None:
+def _prepare_start(marker: Path, log_dir: Path) -> None:
     # No fsync: it guards against the agent dying, not the machine (whose processes die too).
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    # If it cannot be made, spawn tries again and says so, naming the log file.
+    with contextlib.suppress(OSError):
+        statefile.ensure_dir(log_dir)
 
 
 def _create_sandbox(pod_dir: Path, data: dict[str, Any]) -> None:
