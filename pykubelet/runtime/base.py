@@ -34,7 +34,7 @@ class ContainerRunState(Enum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeContainer:
     """One instance (one attempt) of a container of a pod."""
 
@@ -81,7 +81,7 @@ class RuntimeImage:
     size_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimeSandbox:
     """What holds a pod's shared resources (an infra container, a directory)."""
 
@@ -94,7 +94,7 @@ class RuntimeSandbox:
     created_at: datetime
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RuntimePod:
     uid: str
     name: str

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Protocol
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CpuUsage:
     time: datetime  # when it was read
     usage_core_nanoseconds: int  # cumulative, since the container (node: boot) started
@@ -23,7 +23,7 @@ class CpuUsage:
         return self.usage_core_nanoseconds / 1e9
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MemoryUsage:
     time: datetime
     working_set_bytes: int  # usage minus inactive file: what the kernel cannot just drop
@@ -34,7 +34,7 @@ class MemoryUsage:
     major_page_faults: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerStats:
     name: str
     id: str  # the runtime's container ID (the rate is computed per ID: a restart starts anew)
@@ -43,7 +43,7 @@ class ContainerStats:
     memory: MemoryUsage | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodStats:
     uid: str
     name: str
@@ -56,7 +56,7 @@ class PodStats:
     memory: MemoryUsage | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeStats:
     node_name: str
     start_time: datetime  # the machine's boot
@@ -69,7 +69,7 @@ class NodeStats:
     errors: tuple[str, ...] = field(default=())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class UsagePoint:
     """One sample of a pod's usage in its history: CPU cores (None on the pod's first sample,
     which has no rate yet) and the memory working set in bytes."""

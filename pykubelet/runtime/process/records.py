@@ -36,6 +36,7 @@ from pykubelet.runtime.base import (
     ContainerRunState,
     RuntimeContainer,
     RuntimeFailure,
+    RuntimePod,
     RuntimeSandbox,
 )
 from pykubelet.runtime.process import statefile
@@ -147,16 +148,21 @@ class SandboxRecord:
             created_at=f.time("created_at"),
         )
 
+    # The last view: a record never changes once made, and the relists ask for it every second.
+    _view: RuntimeSandbox | None = field(default=None, init=False, repr=False, compare=False)
+
     def view(self, ip: str) -> RuntimeSandbox:
-        return RuntimeSandbox(
-            id=self.id,
-            pod_uid=self.pod_uid,
-            pod_name=self.pod_name,
-            pod_namespace=self.pod_namespace,
-            ready=True,
-            ip=ip,
-            created_at=self.created_at,
-        )
+        if self._view is None or self._view.ip != ip:
+            self._view = RuntimeSandbox(
+                id=self.id,
+                pod_uid=self.pod_uid,
+                pod_name=self.pod_name,
+                pod_namespace=self.pod_namespace,
+                ready=True,
+                ip=ip,
+                created_at=self.created_at,
+            )
+        return self._view
 
 
 @dataclass(eq=False)
@@ -189,13 +195,24 @@ class ContainerRecord:
     removed: bool = False  # the state file is deleted: never write it again
     cgroup: bool = False  # it has cgroups to read (OOM) and remove at its exit
     finishing: bool = False  # its exit was seen and its cgroups are being emptied
+    _view: RuntimeContainer | None = field(default=None, init=False, repr=False)
 
     @property
     def running(self) -> bool:
         return self.finished_at is None
 
     def view(self) -> RuntimeContainer:
-        return RuntimeContainer(
+        # The relists (PLEG every second, housekeeping, stats) ask for every container: the view
+        # is made again only when the exit is recorded, the one change a record sees.
+        view = self._view
+        if view is not None and (view.finished_at, view.exit_code, view.reason, view.message) == (
+            self.finished_at,
+            self.exit_code,
+            self.reason,
+            self.message,
+        ):
+            return view
+        self._view = view = RuntimeContainer(
             id=self.id,
             runtime=NAME,
             pod_uid=self.pod_uid,
@@ -214,6 +231,7 @@ class ContainerRecord:
             message=self.message,
             pid=self.pid,
         )
+        return view
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -276,6 +294,10 @@ class PodRecord:
     namespace: str
     sandbox: SandboxRecord | None = None
     containers: dict[str, ContainerRecord] = field(default_factory=dict)
+    # The last view and what it was made of (`ProcessRuntime._view`).
+    view_cache: tuple[tuple[object, ...], RuntimePod] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
 
 @dataclass
