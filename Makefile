@@ -58,7 +58,14 @@ test: lint test-env
 soak: $(STAMP) test-env
 	$(BIN)/pytest -q -p no:cacheprovider -m soak tests
 
-bench: $(STAMP)
+# The bench extra (py-spy, for the flame graphs in bench/flamegraphs/) on top of the test venv.
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	@touch $@
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
 
 clean:

@@ -1,6 +1,11 @@
 """Run the benchmarks, print a table, write bench/results.json.
 
-python -m bench [--quick] [--only latency,merger,steady,podman,streaming]
+python -m bench [--quick] [--only latency,merger,steady,podman,streaming] [--no-flamegraphs]
+
+The latency section runs the floor (bench/floor.py) beside the agent for each N and prints the
+agent's start figures as ratios to it; with py-spy installed it also keeps flame graphs of the
+agent's 100- and 1,000-manifest bursts in bench/flamegraphs/. Last comes the targets table
+(bench/targets.py): each target of issue 19 a section measured, PASS or MISS.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import latency, merger, podman, steady, streaming
+from bench import floor, latency, merger, podman, profile, steady, streaming
+from bench.targets import Target, table
 
 RESULTS = Path(__file__).with_name("results.json")
 
@@ -41,9 +47,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="smaller N and shorter windows")
     parser.add_argument("--only", default="latency,merger,steady,podman,streaming")
+    parser.add_argument(
+        "--no-flamegraphs", action="store_true", help="no py-spy runs in the latency section"
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     results: dict[str, Any] = {"machine": machine()}
+    targets: list[Target] = []
     sizes = [1, 100] if args.quick else [1, 100, 1000]
     if "merger" in only:
         results["merger"] = [merger.run(n) for n in (1000, 10000)]
@@ -59,17 +69,16 @@ def main() -> int:
     if "latency" in only:
         results["latency_process"] = []
         for n in sizes:
-            r = latency.run(n)
+            # The floor just before the agent, on the same manifests and writer: one ratio
+            # compares two runs a few seconds apart on the same (shared, noisy) machine.
+            f = floor.run(n)
+            r = latency.run(n, edits_one=20, deletes_one=20)
+            r["floor"], r["ratio_to_floor"] = f, floor.ratios(r, f)
             results["latency_process"].append(r)
-            s, e, d = r["start"], r["edit"], r["delete"]
-            print(
-                f"process n={n:>4}: start p50 {s['agent_observed']['p50']:.3f}s "
-                f"p99 {s['agent_observed']['p99']:.3f}s (poll p99 {s['external_poll']['p99']:.3f}s)"
-                f", all running {s['all_running_seconds']:.2f}s | edit p99 "
-                f"{e['agent_observed']['p99']:.3f}s | delete p99 {d['process_gone']['p99']:.3f}s, "
-                f"all gone {d['all_gone_seconds']:.2f}s",
-                flush=True,
-            )
+            for line in _latency_lines(r):
+                print(line, flush=True)
+        targets += floor.targets(results["latency_process"])
+        targets += latency.targets(results["latency_process"])
     if "steady" in only:
         window = 10.0 if args.quick else 60.0
         results["steady_process"] = []
@@ -82,6 +91,7 @@ def main() -> int:
                 f"{1000 * r['pods_endpoint_seconds']['p50']:.1f} ms",
                 flush=True,
             )
+        targets += steady.targets(results["steady_process"])
     if "podman" in only:
         n = 20 if args.quick else 100
         r = podman.run(n)
@@ -98,9 +108,65 @@ def main() -> int:
         results["streaming"] = streaming.run(args.quick)
         for line in streaming.table(results["streaming"]):
             print(line, flush=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    # Other sections add their rows above (targets += section.targets(results[...])).
+    results["targets"] = [t.as_dict() for t in targets]
+    for line in table(targets):
+        print(line, flush=True)
+    # A run of some sections keeps the last figures of the others.
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps({**previous, **results}, indent=2) + "\n")
+    if "latency" in only and not args.no_flamegraphs:
+        # Last: py-spy's sampling costs the agent CPU; no figure above is taken under it.
+        results["flamegraphs"] = _flamegraphs([100] if args.quick else [100, 1000])
+        RESULTS.write_text(json.dumps({**previous, **results}, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0
+
+
+def _latency_lines(r: dict[str, Any]) -> list[str]:
+    n, s, f, ratio = r["n"], r["start"], r["floor"], r["ratio_to_floor"]
+    e, d = r["edit"], r["delete"]
+    one, worker, gone = r["edit_one_of_n"], r["edit_one_of_n_to_worker"], r["delete_one_of_n"]
+    lines = [
+        f"floor   n={n:>4}: start p50 {f['start']['p50']:.3f}s p99 {f['start']['p99']:.3f}s, "
+        f"all running {f['all_running_seconds']:.3f}s",
+        f"process n={n:>4}: start p50 {s['agent_observed']['p50']:.3f}s "
+        f"p99 {s['agent_observed']['p99']:.3f}s (poll p99 {s['external_poll']['p99']:.3f}s), "
+        f"all running {s['all_running_agent_observed_seconds']:.3f}s (poll "
+        f"{s['all_running_seconds']:.2f}s) | ratio to floor: p50 start {ratio['p50_start']}x, "
+        f"p99 start {ratio['p99_start']}x, all running {ratio['all_running']}x",
+        f"process n={n:>4}: edit p99 {e['agent_observed']['p99']:.3f}s | one edit p99 "
+        f"{one['p99']:.3f}s, to its worker p50 {1000 * worker['p50']:.1f} ms p99 "
+        f"{1000 * worker['p99']:.1f} ms ({worker['count']}) | delete p99 "
+        f"{d['process_gone']['p99']:.3f}s, all gone {d['all_gone_seconds']:.2f}s",
+    ]
+    if gone["count"]:
+        lines[-1] += (
+            f" | one delete p50 {1000 * gone['p50']:.1f} ms p99 {1000 * gone['p99']:.1f} ms "
+            f"({gone['count']})"
+        )
+    return lines
+
+
+def _flamegraphs(sizes: list[int]) -> list[dict[str, Any]]:
+    if profile.py_spy() is None:
+        print("flame graphs skipped: py-spy is not installed (pip install -e '.[bench]')")
+        return []
+    out = []
+    for n in sizes:
+        try:
+            r = profile.flamegraph(n)
+        except Exception as exc:  # a missing flame graph must not lose the run's figures
+            print(f"flame graph n={n}: failed: {exc!r}", flush=True)
+            continue
+        out.append(r)
+        top = ", ".join(f"{share}% {frame}" for frame, share in r["top"][:5])
+        print(
+            f"flame graph n={n:>4}: {r['svg']} (start p99 "
+            f"{r['start']['agent_observed']['p99']:.3f}s under py-spy); top self time: {top}",
+            flush=True,
+        )
+    return out
 
 
 if __name__ == "__main__":

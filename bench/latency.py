@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from bench.stats import percentiles
+from bench.targets import Target, at_most
 from tests.integration.agent import Agent
 
 
@@ -55,6 +58,19 @@ class Scenario:
         )
 
 
+def write_manifest(directory: Path, scenario: Scenario, i: int, version: int) -> float:
+    """Write pod i's manifest as an editor would (a temporary file renamed over it); when."""
+    tmp_path = directory / f".bench-{i}.tmp"
+    tmp_path.write_text(scenario.manifest(i, version))
+    os.replace(tmp_path, directory / f"bench-{i}.json")
+    return time.time()
+
+
+def write_manifests(directory: Path, scenario: Scenario, version: int) -> dict[int, float]:
+    """All n manifests at once, in order: pod index -> when its file was in place."""
+    return {i: write_manifest(directory, scenario, i, version) for i in range(scenario.n)}
+
+
 def _started_at(pod: dict[str, Any]) -> float | None:
     for cs in pod.get("status", {}).get("containerStatuses") or []:
         running = cs.get("state", {}).get("running")
@@ -65,8 +81,9 @@ def _started_at(pod: dict[str, Any]) -> float | None:
 
 def _wait_running(
     agent: Agent, n: int, written: dict[int, float], uids_before: dict[str, str], timeout: float
-) -> tuple[list[float], list[float], float]:
-    """Per pod: (startedAt - write) as the agent recorded it, and first poll seeing it running."""
+) -> tuple[list[float], list[float], float, float]:
+    """Per pod: (startedAt - write) as the agent recorded it, and first poll seeing it running;
+    from the first write to the last pod running, by the agent's startedAt and by the polls."""
     agent_seen: dict[int, float] = {}
     polled: dict[int, float] = {}
     deadline = time.monotonic() + timeout
@@ -84,8 +101,10 @@ def _wait_running(
         time.sleep(0.05)
     if len(agent_seen) < n:
         raise RuntimeError(f"only {len(agent_seen)} of {n} pods running after {timeout}s")
-    total = max(written[i] + polled[i] for i in polled) - min(written.values())
-    return list(agent_seen.values()), list(polled.values()), total
+    first = min(written.values())
+    total = max(written[i] + polled[i] for i in polled) - first
+    agent_total = max(written[i] + agent_seen[i] for i in agent_seen) - first
+    return list(agent_seen.values()), list(polled.values()), agent_total, total
 
 
 def _wait_running_one(
@@ -123,6 +142,43 @@ def _pids_by_marker(markers: dict[str, int]) -> dict[int, int]:
     return found
 
 
+def _gone_at(pid: int, deadline: float) -> float:
+    """When process pid is gone (or a zombie: it has exited, only not yet been reaped)."""
+    stat = f"/proc/{pid}/stat"
+    while time.monotonic() < deadline:
+        try:
+            with open(stat) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return time.time()
+        if state == "Z":
+            return time.time()
+        time.sleep(0.001)
+    raise RuntimeError(f"process {pid} still running after its manifest was deleted")
+
+
+# The log lines a worker writes when an edit of bench-0 reaches it: the new pod's worker waits
+# for the old pod to stop, the old pod's worker stops its container (pod/sync.py, events).
+_LOG_TIME = r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z "
+_REACHED_NEW = re.compile(_LOG_TIME + r".* default/bench-0-testnode \(uid \S+\) waits for", re.M)
+_REACHED_OLD = re.compile(_LOG_TIME + r".* pod default/bench-0-testnode Killing: ", re.M)
+
+
+def _log_since(path: Path, offset: int) -> tuple[str, int]:
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+    return data.decode(errors="replace"), offset + len(data)
+
+
+def _reached_worker(text: str) -> float | None:
+    """When (wall clock, ms) the agent's log shows bench-0's edit at its pod worker."""
+    match = _REACHED_NEW.search(text) or _REACHED_OLD.search(text)
+    if match is None:
+        return None
+    return datetime.fromisoformat(match.group(1) + "+00:00").timestamp()
+
+
 def run(
     n: int,
     extra: list[str] | None = None,
@@ -130,7 +186,15 @@ def run(
     on_start: Callable[[Agent], None] | None = None,
     image: str = "busybox",
     handles_term: bool = False,
+    edits_one: int = 3,
+    deletes_one: int = 0,
+    during_start: Callable[[Agent], AbstractContextManager[object]] | None = None,
+    start_only: bool = False,
 ) -> dict[str, Any]:
+    """The scenario on a fresh agent: n manifests written at once, all edited, `edits_one`
+    edits of one of them, `deletes_one` single deletes (of up to half the pods), then the
+    rest deleted at once. `during_start` wraps the first burst (e.g. a profiler); with
+    `start_only` the agent stops after it."""
     with tempfile.TemporaryDirectory(prefix="pykubelet-bench-") as tmp:
         base = Path(tmp)
         manifests = base / "manifests"
@@ -146,40 +210,52 @@ def run(
         if on_start is not None:
             on_start(agent)
         try:
-            written: dict[int, float] = {}
-            for i in range(n):
-                path = manifests / f"bench-{i}.json"
-                tmp_path = manifests / f".bench-{i}.tmp"
-                tmp_path.write_text(scenario.manifest(i, 1))
-                os.replace(tmp_path, path)
-                written[i] = time.time()
-            start_agent, start_poll, start_total = _wait_running(agent, n, written, {}, timeout)
+            with during_start(agent) if during_start is not None else nullcontext():
+                written = write_manifests(manifests, scenario, 1)
+                start_agent, start_poll, start_agent_total, start_total = _wait_running(
+                    agent, n, written, {}, timeout
+                )
+            start = {
+                "agent_observed": percentiles(start_agent),
+                "external_poll": percentiles(start_poll),
+                "all_running_agent_observed_seconds": round(start_agent_total, 3),
+                "all_running_seconds": round(start_total, 3),
+            }
+            if start_only:
+                return {"n": n, "start": start}
 
             before = {name: p["metadata"]["uid"] for name, p in agent.pods().items()}
-            edited: dict[int, float] = {}
-            for i in range(n):
-                tmp_path = manifests / f".bench-{i}.tmp"
-                tmp_path.write_text(scenario.manifest(i, 2))
-                os.replace(tmp_path, manifests / f"bench-{i}.json")
-                edited[i] = time.time()
-            edit_agent, edit_poll, edit_total = _wait_running(agent, n, edited, before, timeout)
+            edited = write_manifests(manifests, scenario, 2)
+            edit_agent, edit_poll, _, edit_total = _wait_running(agent, n, edited, before, timeout)
 
-            # One manifest of n changes: how soon does its pod run the new spec?
+            # One manifest of n changes: how soon does its pod run the new spec, and how soon
+            # does the change reach the pod's worker (the agent's log, ms)?
             before = {name: p["metadata"]["uid"] for name, p in agent.pods().items()}
             single: list[float] = []
-            for version in (3, 4, 5):
-                tmp_path = manifests / ".bench-0.tmp"
-                tmp_path.write_text(scenario.manifest(0, version))
-                os.replace(tmp_path, manifests / "bench-0.json")
-                one = {0: time.time()}
+            to_worker: list[float] = []
+            log_offset = agent.log_path.stat().st_size
+            for version in range(3, 3 + edits_one):
+                one = {0: write_manifest(manifests, scenario, 0, version)}
                 observed, _, _ = _wait_running_one(agent, one, before, timeout)
                 single.append(observed)
+                text, log_offset = _log_since(agent.log_path, log_offset)
+                reached = _reached_worker(text)
+                if reached is not None:
+                    to_worker.append(max(0.0, reached - one[0]))
                 before = {name: p["metadata"]["uid"] for name, p in agent.pods().items()}
 
             markers = {scenario.marker(i): i for i in range(n)}
             alive = _pids_by_marker(markers)
+            # One manifest of n deleted, the others running: how soon is its process gone?
+            delete_one: list[float] = []
+            deadline = time.monotonic() + timeout
+            for i in range(n - 1, n - 1 - min(deletes_one, n // 2), -1):
+                pid = alive.pop(i)
+                (manifests / f"bench-{i}.json").unlink()
+                deleted_at = time.time()
+                delete_one.append(_gone_at(pid, deadline) - deleted_at)
             deleted: dict[int, float] = {}
-            for i in range(n):
+            for i in sorted(alive):
                 (manifests / f"bench-{i}.json").unlink()
                 deleted[i] = time.time()
             gone: dict[int, float] = {}
@@ -197,17 +273,15 @@ def run(
             agent.stop(signal.SIGTERM, timeout=120)
     return {
         "n": n,
-        "start": {
-            "agent_observed": percentiles(start_agent),
-            "external_poll": percentiles(start_poll),
-            "all_running_seconds": round(start_total, 3),
-        },
+        "start": start,
         "edit": {
             "agent_observed": percentiles(edit_agent),
             "external_poll": percentiles(edit_poll),
             "all_restarted_seconds": round(edit_total, 3),
         },
         "edit_one_of_n": percentiles(single),
+        "edit_one_of_n_to_worker": percentiles(to_worker),
+        "delete_one_of_n": percentiles(delete_one),
         "delete": {
             "process_gone": percentiles(list(gone.values())),
             "all_gone_seconds": round(delete_total, 3),
@@ -229,3 +303,34 @@ def _start_histogram(agent: Agent) -> dict[str, float]:
     if out.get("count"):
         out["mean"] = round(out["sum"] / out["count"], 4)
     return out
+
+
+def targets(runs: list[dict[str, Any]]) -> list[Target]:
+    """Issue 19's single-edit and single-delete targets, from the 1,000-pod run."""
+    r = next((r for r in runs if r["n"] == 1000), None)
+    if r is None:
+        return []
+    rows = []
+    worker = r.get("edit_one_of_n_to_worker", {})
+    if worker.get("count"):
+        rows.append(
+            at_most(
+                f"one edit among 1,000: reaches its worker, p99 of {worker['count']}",
+                1000 * worker["p99"],
+                15,
+                "ms",
+                f"p50 {1000 * worker['p50']:.1f} ms",
+            )
+        )
+    gone = r.get("delete_one_of_n", {})
+    if gone.get("count"):
+        rows.append(
+            at_most(
+                f"one delete among 1,000: process gone, p99 of {gone['count']} (grace ~0)",
+                1000 * gone["p99"],
+                50,
+                "ms",
+                f"p50 {1000 * gone['p50']:.1f} ms",
+            )
+        )
+    return rows

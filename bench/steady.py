@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentiles
+from bench.targets import Target, at_most
 from tests.integration.agent import Agent
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -86,3 +87,20 @@ def run(n: int, window: float) -> dict[str, Any]:
         "rss_mib": round(rss, 1),
         "pods_endpoint_seconds": percentiles(timings),
     }
+
+
+# Issue 19: idle cost with 110 pods (the kubelet's default max) and with 1,000.
+IDLE_TARGETS = {110: (0.3, 60.0), 1000: (1.5, 90.0)}
+
+
+def targets(runs: list[dict[str, Any]]) -> list[Target]:
+    rows = []
+    for r in runs:
+        if r["n"] not in IDLE_TARGETS:
+            continue
+        cpu, rss = IDLE_TARGETS[r["n"]]
+        what = f"idle with {r['n']:,} pods"
+        window = f"over {r['window_seconds']:.0f} s"
+        rows.append(at_most(f"{what}: CPU", 100 * r["cpu_fraction_of_a_core"], cpu, "%", window))
+        rows.append(at_most(f"{what}: RSS", r["rss_mib"], rss, "MiB"))
+    return rows
