@@ -1,6 +1,7 @@
 """Run the benchmarks, print a table, write bench/results.json.
 
-python -m bench [--quick] [--only latency,merger,steady,podman,streaming] [--no-flamegraphs]
+python -m bench [--quick] [--only latency,merger,steady,podman,streaming,node_resources]
+                [--no-flamegraphs]
 
 The latency section runs the floor (bench/floor.py) beside the agent for each N and prints the
 agent's start figures as ratios to it; with py-spy installed it also keeps flame graphs of the
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import floor, latency, merger, podman, profile, steady, streaming
+from bench import floor, latency, merger, node_resources, podman, profile, steady, streaming
 from bench.targets import Target, table
 
 RESULTS = Path(__file__).with_name("results.json")
@@ -46,7 +47,7 @@ def machine() -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="smaller N and shorter windows")
-    parser.add_argument("--only", default="latency,merger,steady,podman,streaming")
+    parser.add_argument("--only", default="latency,merger,steady,podman,streaming,node_resources")
     parser.add_argument(
         "--no-flamegraphs", action="store_true", help="no py-spy runs in the latency section"
     )
@@ -107,6 +108,10 @@ def main() -> int:
     if "streaming" in only:
         results["streaming"] = streaming.run(args.quick)
         for line in streaming.table(results["streaming"]):
+            print(line, flush=True)
+    if "node_resources" in only:
+        results["node_resources"] = node_resources.run(args.quick)
+        for line in node_resources.table(results["node_resources"]):
             print(line, flush=True)
     # Other sections add their rows above (targets += section.targets(results[...])).
     results["targets"] = [t.as_dict() for t in targets]
