@@ -67,6 +67,7 @@ from pykubelet.runtime.docker.convert import (
     container_name,
     docker_image_id,
     event_kind,
+    event_time_ns,
     listing_rows,
     memory_limit,
     parse_inspect,
@@ -102,6 +103,8 @@ _REFRESH_ACTIONS = frozenset(
 )
 # For a container we do not know yet, only these can make it one we should track.
 _DISCOVER_ACTIONS = frozenset({"start"})
+# The core's own operations: it inspects after them, so their news may be old news.
+_OWN_ACTIONS = frozenset({"create", "start"})
 
 
 class DockerExecStream:
@@ -779,7 +782,8 @@ class DockerEngine:
         kind = None
         if action in _DISCOVER_ACTIONS:
             kind = event_kind(actor.get("Attributes") or {}, by_name=self._podman)
-        await sink.changed(cid, kind, announce=action == "oom")
+        at = event_time_ns(event) if action in _OWN_ACTIONS else None
+        await sink.changed(cid, kind, announce=action == "oom", ours_at_ns=at)
 
     # --- OOM kills the engine does not report ---------------------------------------------------
 
