@@ -402,6 +402,13 @@ def _ip_of(info: dict[str, Any], node_ip: str) -> str | None:
     return None
 
 
+def event_time_ns(event: dict[str, Any]) -> int | None:
+    """When an event happened, on the engine's clock: its timeNano (whole seconds, the `time`
+    of old engines, are too coarse to order it against an inspect)."""
+    nano = event.get("timeNano")
+    return nano if isinstance(nano, int) and nano > 0 else None
+
+
 def event_kind(attributes: dict[str, Any], by_name: bool) -> Kind | None:
     """What an event's actor is, if the event tells: Docker puts the labels in the attributes;
     Podman (`by_name`) gives only the name, and our names say it (container_name: a container

@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import signal
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +43,6 @@ from pykubelet.runtime.base import (
     LABEL_CONTAINER_NAME,
     LABEL_POD_UID,
     MAX_EXEC_OUTPUT,
-    STDERR,
-    STDOUT,
     ContainerConfig,
     ContainerRunState,
     ExecResult,
@@ -58,7 +56,7 @@ from pykubelet.runtime.base import (
     SandboxConfig,
     StartError,
 )
-from pykubelet.runtime.docker.client import DockerClient, EngineError, ExecSession
+from pykubelet.runtime.docker.client import DockerClient, EngineError
 from pykubelet.runtime.docker.convert import (
     LABEL_TYPE,
     SANDBOX_NAME,
@@ -67,6 +65,7 @@ from pykubelet.runtime.docker.convert import (
     container_name,
     docker_image_id,
     event_kind,
+    event_time_ns,
     listing_rows,
     memory_limit,
     parse_inspect,
@@ -76,6 +75,7 @@ from pykubelet.runtime.docker.convert import (
 from pykubelet.runtime.docker.images import DockerImages
 from pykubelet.runtime.docker.oom import OomWatcher, memory_v1_mount
 from pykubelet.runtime.docker.security import image_user_of, read_seccomp, seccomp_file
+from pykubelet.runtime.docker.streams import DockerAttachStream, DockerExecStream
 from pykubelet.runtime.sandbox.engine import (
     ChangeSink,
     ContainerEntry,
@@ -92,8 +92,6 @@ NAME = "docker"
 STOP_SLACK = 30.0  # beyond the grace period, for the engine to kill and reap
 EVENTS_RETRY = 1.0
 FOLLOW_IDLE = 0.5  # seconds without log data after which a follower checks for an exit
-WAIT_POLL_MIN = 0.02  # how often an exec's end is polled: at first, and at most
-WAIT_POLL_MAX = 0.5
 INSPECT_ATTEMPTS = 5  # an inspect that races a process exit (Podman: "no such process") is retried
 
 # Event actions after which a container's inspect result may have changed.
@@ -102,144 +100,8 @@ _REFRESH_ACTIONS = frozenset(
 )
 # For a container we do not know yet, only these can make it one we should track.
 _DISCOVER_ACTIONS = frozenset({"start"})
-
-
-class DockerExecStream:
-    """The ExecStream of one exec of the engine (see ExecSession for its bounded output)."""
-
-    def __init__(
-        self,
-        session: ExecSession,
-        what: str,
-        *,
-        stdin: bool,
-        tty: bool,
-        kill: Callable[[str], Awaitable[None]],
-    ) -> None:
-        self._session = session
-        self._what = what
-        self._stdin = stdin
-        self._tty = tty
-        self._kill = kill
-        self._stdin_closed = False
-        self._closed = False
-
-    async def write_stdin(self, data: bytes) -> None:
-        if not self._stdin:
-            raise RuntimeFailure("the command's standard input is not attached")
-        if self._stdin_closed or self._closed:
-            return  # nobody reads it any more (as the process runtime drops it)
-        try:
-            await self._session.write(data)
-        except ConnectionError:
-            self._stdin_closed = True  # the command ended: its input goes nowhere
-
-    async def close_stdin(self) -> None:
-        if not self._stdin or self._stdin_closed or self._closed:
-            return
-        if self._tty:
-            # The engine cannot close a terminal's input: the command reads ^D, as typed.
-            await self.write_stdin(b"\x04")
-            return
-        self._stdin_closed = True
-        self._session.close_write()
-
-    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
-        while (chunk := await self._session.read()) is not None:
-            stream, data = chunk
-            yield (STDERR if stream == 2 and not self._tty else STDOUT), data
-
-    async def resize(self, width: int, height: int) -> None:
-        if not self._tty or self._closed:
-            return
-        try:
-            await self._session.resize(width, height)
-        except EngineError as e:  # it has just exited: nothing to resize
-            log.debug("cannot resize the terminal of %s: %s", self._what, e)
-
-    async def wait(self) -> int | None:
-        """The engine does not say when an exec ends: its state is polled."""
-        delay = WAIT_POLL_MIN
-        while True:
-            try:
-                info = await self._session.inspect()
-            except EngineError as e:
-                if e.not_found:
-                    return None  # gone with its container
-                raise RuntimeFailure(f"cannot learn how {self._what} ended: {e.message}") from e
-            if not info.get("Running"):
-                code = info.get("ExitCode")
-                return code if isinstance(code, int) else None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, WAIT_POLL_MAX)
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            # The engine lets an exec run on when its connection closes: it is killed here.
-            await self._kill(self._session.id)
-        finally:
-            await self._session.close()
-
-
-class DockerAttachStream:
-    """The ExecStream of an attach to a container's own stdio: its end is the container's."""
-
-    def __init__(self, session: ExecSession, name: str, *, stdin: bool, tty: bool) -> None:
-        self._session = session
-        self._name = name
-        self._stdin = stdin
-        self._tty = tty
-        self._stdin_closed = False
-
-    async def write_stdin(self, data: bytes) -> None:
-        if not self._stdin or self._stdin_closed:
-            return  # a container without stdin: the engine drops it too
-        try:
-            await self._session.write(data)
-        except ConnectionError:
-            self._stdin_closed = True
-
-    async def close_stdin(self) -> None:
-        if self._stdin and not self._stdin_closed:
-            self._stdin_closed = True
-            # The engine stops copying; it closes the container's stdin with StdinOnce.
-            self._session.close_write()
-
-    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
-        while (chunk := await self._session.read()) is not None:
-            stream, data = chunk
-            yield (STDERR if stream == 2 and not self._tty else STDOUT), data
-
-    async def resize(self, width: int, height: int) -> None:
-        if not self._tty:
-            return
-        try:
-            await self._session.resize(width, height)
-        except EngineError as e:
-            log.debug("cannot resize the terminal of container %s: %s", self._name, e)
-
-    async def wait(self) -> int | None:
-        """The container's exit code, once the engine says it stopped (polled)."""
-        delay = WAIT_POLL_MIN
-        while True:
-            try:
-                info = await self._session.inspect()
-            except EngineError as e:
-                if e.not_found:
-                    return None
-                raise RuntimeFailure(f"cannot learn how {self._name} ended: {e.message}") from e
-            state = info.get("State") or {}
-            if not state.get("Running"):
-                code = state.get("ExitCode")
-                return code if isinstance(code, int) else None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, WAIT_POLL_MAX)
-
-    async def close(self) -> None:
-        await self._session.close()  # detaches: the container runs on
+# The core's own operations: it inspects after them, so their news may be old news.
+_OWN_ACTIONS = frozenset({"create", "start"})
 
 
 @dataclass(frozen=True)
@@ -779,7 +641,8 @@ class DockerEngine:
         kind = None
         if action in _DISCOVER_ACTIONS:
             kind = event_kind(actor.get("Attributes") or {}, by_name=self._podman)
-        await sink.changed(cid, kind, announce=action == "oom")
+        at = event_time_ns(event) if action in _OWN_ACTIONS else None
+        await sink.changed(cid, kind, announce=action == "oom", ours_at_ns=at)
 
     # --- OOM kills the engine does not report ---------------------------------------------------
 

@@ -10,12 +10,17 @@ What it promises:
   that changed. Callers arriving while one runs share it, and it is shielded: a caller that is
   cancelled (a PLEG tick, a request) does not cancel the relist the others wait for.
 - Whatever the cache stops tracking is released in the engine too (`Inspector.forget`).
+- An id `expect`ed (the core has just created it and will refresh it itself when its start is
+  done) is left to that refresh: a relist does not inspect it meanwhile, and `pending` tells
+  the change stream so. Each entry records when its inspect was sent (`inspected_ns`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from pykubelet.runtime.sandbox.engine import (
@@ -41,6 +46,7 @@ class StatusCache:
         self._seq = 0
         self._locks: dict[str, asyncio.Lock] = {}
         self._resync_task: asyncio.Task[set[str]] | None = None
+        self._pending: set[str] = set()
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -60,6 +66,20 @@ class StatusCache:
     def containers(self, uid: str | None = None) -> list[ContainerEntry]:
         return [c for c in self._containers.values() if uid is None or c.pod_uid == uid]
 
+    def pending(self, id: str) -> bool:
+        """An id the core made and will refresh itself (`expect`)."""
+        return id in self._pending
+
+    @contextlib.contextmanager
+    def expect(self, id: str) -> Iterator[None]:
+        """While the core starts what it created: its own refresh (inside the block, or its
+        removal) tells its state, so nobody else inspects it meanwhile. A refresh ends it."""
+        self._pending.add(id)
+        try:
+            yield
+        finally:
+            self._pending.discard(id)
+
     # --- one id ---------------------------------------------------------------------------------
 
     async def refresh(self, kind: Kind, id: str) -> Entry | None:
@@ -69,8 +89,12 @@ class StatusCache:
 
     async def refresh_sandbox(self, id: str) -> SandboxEntry | None:
         async with self._lock(id):
+            # No longer pending: what happens from here on is the change stream's to tell.
+            self._pending.discard(id)
+            sent = time.time_ns()
             entry = await self._source.inspect_sandbox(id)
             if entry is not None:
+                entry.inspected_ns = sent
                 self._sandboxes[entry.id] = self._stamped(entry)
             else:
                 self.drop(id)
@@ -79,8 +103,12 @@ class StatusCache:
 
     async def refresh_container(self, id: str) -> ContainerEntry | None:
         async with self._lock(id):
+            # No longer pending: what happens from here on is the change stream's to tell.
+            self._pending.discard(id)
+            sent = time.time_ns()
             entry = await self._source.inspect_container(id)
             if entry is not None:
+                entry.inspected_ns = sent
                 self._containers[entry.id] = self._stamped(entry)
             else:
                 self.drop(id)
@@ -118,12 +146,14 @@ class StatusCache:
         stale_sandboxes = [
             id
             for id, state in listing.sandboxes.items()
-            if id not in self._sandboxes or self._sandboxes[id].state is not state
+            if (id not in self._sandboxes or self._sandboxes[id].state is not state)
+            and id not in self._pending
         ]
         stale_containers = [
             id
             for id, state in listing.containers.items()
-            if id not in self._containers or self._containers[id].state is not state
+            if (id not in self._containers or self._containers[id].state is not state)
+            and id not in self._pending
         ]
         refreshed = await _bounded(
             [

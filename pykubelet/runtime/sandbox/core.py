@@ -17,7 +17,9 @@ What it promises, whatever the engine:
   (an interrupted earlier try) is removed and the create tried once more.
 - Reads come from the status cache (cache.py): `list_pods` relists (cheaply), `get_pod` does
   not; our own operations refresh what they touched before returning, and the engine's change
-  stream refreshes the rest and tells the listeners at once.
+  stream refreshes the rest and tells the listeners at once. The stream's news of our own
+  creates and starts is not inspected again: one inspect after the start tells it (an engine
+  round trip per event saved, two per container).
 - An exited container's reason is the kubelet's: OOMKilled, Completed or Error (views.py).
 - The core is the engine's ChangeSink: `watching`, `relist` and `changed` are for the engine's
   change stream, not for the layers above.
@@ -68,6 +70,7 @@ from pykubelet.runtime.sandbox.engine import (
     SandboxEntry,
 )
 from pykubelet.runtime.sandbox.netns import socket_in
+from pykubelet.runtime.sandbox.presence import ImagePresence
 from pykubelet.runtime.sandbox.views import container_view, pick_sandbox, pods, sandbox_view
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,7 @@ class SandboxRuntime(Generic[R]):
         self._engine = engine
         self._cache = StatusCache(engine, engine.name)
         self._pulls = SharedPulls(self._pull)
+        self._presence = ImagePresence(engine.image_present)
         self._listeners: list[ChangeListener] = []
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._started = False
@@ -203,7 +207,7 @@ class SandboxRuntime(Generic[R]):
             await ensure_image(
                 self.infra_image,
                 "IfNotPresent",
-                self._engine.image_present,
+                self._presence.present,
                 self._pulls.pull,
                 sandbox=True,
             )
@@ -215,14 +219,15 @@ class SandboxRuntime(Generic[R]):
                 )
             except NameInUse as e:
                 raise RuntimeFailure(f"cannot create the sandbox of pod {pod.key}: {e}") from e
-            try:
-                await self._engine.start_sandbox(pod, sid)
-            except StartError as e:
-                await self._discard_sandbox(sid)
-                raise RuntimeFailure(
-                    f"cannot start the sandbox of pod {pod.key}: {e.message}"
-                ) from e
-            entry = await self._cache.refresh_sandbox(sid)
+            with self._cache.expect(sid):
+                try:
+                    await self._engine.start_sandbox(pod, sid)
+                except StartError as e:
+                    await self._discard_sandbox(sid)
+                    raise RuntimeFailure(
+                        f"cannot start the sandbox of pod {pod.key}: {e.message}"
+                    ) from e
+                entry = await self._cache.refresh_sandbox(sid)
             if entry is None or not entry.ready:
                 raise RuntimeFailure(self._engine.unready_sandbox(pod, entry))
             log.info("pod %s: sandbox %s at %s", pod.key, sid[:12], entry.ip or "no IP")
@@ -278,7 +283,7 @@ class SandboxRuntime(Generic[R]):
         await ensure_image(
             config.image,
             config.image_pull_policy,
-            self._engine.image_present,
+            self._presence.present,
             self._pulls.pull,
             credentials=config.pull_credentials,
         )
@@ -298,14 +303,15 @@ class SandboxRuntime(Generic[R]):
                 )
             except NameInUse as e:
                 raise StartError("CreateContainerError", e.message) from e
-            try:
-                await self._engine.start_container(cid, config)
-            except StartError:
-                # What never ran is not kept: the next attempt reuses the number, as with the
-                # process runtime, and the waiting reason tells what happened.
-                await self._discard_container(cid)
-                raise
-            entry = await self._cache.refresh_container(cid)
+            with self._cache.expect(cid):
+                try:
+                    await self._engine.start_container(cid, config)
+                except StartError:
+                    # What never ran is not kept: the next attempt reuses the number, as with
+                    # the process runtime, and the waiting reason tells what happened.
+                    await self._discard_container(cid)
+                    raise
+                entry = await self._cache.refresh_container(cid)
         if entry is None:
             raise RuntimeFailure(f"container {config.name} of pod {pod.key} vanished at start")
         self._notify(pod.uid)
@@ -494,8 +500,19 @@ class SandboxRuntime(Generic[R]):
         for uid in changed:
             self._notify(uid)
 
-    async def changed(self, id: str, kind: Kind | None = None, *, announce: bool = False) -> None:
+    async def changed(
+        self,
+        id: str,
+        kind: Kind | None = None,
+        *,
+        announce: bool = False,
+        ours_at_ns: int | None = None,
+    ) -> None:
+        if self._cache.pending(id):
+            return  # being started here: the start's own refresh follows, and tells
         before = self._cache.get(id)
+        if before is not None and ours_at_ns is not None and ours_at_ns < before.inspected_ns:
+            return  # our own create or start, already seen by the inspect that followed it
         if before is not None:
             kind = before.kind
         elif kind is None:

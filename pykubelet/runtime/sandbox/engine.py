@@ -60,6 +60,7 @@ class SandboxEntry:
     created_at: datetime
     exit_code: int | None = None  # of its infra process, where the engine tells
     seq: int = 0  # set by the cache: when it was stored (a relist older than that missed it)
+    inspected_ns: int = 0  # set by the cache: the wall clock when its inspect was sent
 
     @property
     def ready(self) -> bool:
@@ -95,6 +96,7 @@ class ContainerEntry:
     log_path: str = ""
     tty: bool = False
     seq: int = 0
+    inspected_ns: int = 0
     # status.imageID: the image's digest reference (docker-pullable://repo@sha256:...,
     # docker://sha256:<id>, the CRI's image_ref); "" for `image`.
     image_id: str = ""
@@ -140,10 +142,19 @@ class ChangeSink(Protocol):
         """Something changed that only a relist can tell (a reconnect, a poll, an event that
         does not say what)."""
 
-    async def changed(self, id: str, kind: Kind | None = None, *, announce: bool = False) -> None:
+    async def changed(
+        self,
+        id: str,
+        kind: Kind | None = None,
+        *,
+        announce: bool = False,
+        ours_at_ns: int | None = None,
+    ) -> None:
         """One sandbox or container may have changed. `kind` is given when the event tells it:
         only then is an id the cache does not know yet looked at. `announce`: tell the
-        listeners even if its state is the same (an OOM kill)."""
+        listeners even if its state is the same (an OOM kill). `ours_at_ns`: the change is one
+        the core makes itself (a create, a start), made at that wall-clock time (this host's):
+        an inspect sent after it has seen it already."""
 
 
 class Inspector(Protocol):

@@ -1,0 +1,156 @@
+"""The ExecStreams of the docker runtime: an exec (`kubectl exec`) or an attach (`kubectl
+attach`) on the engine's hijacked connection (client.py's ExecSession). The engine says nothing
+when an exec or a container ends: its state is polled, soon at first, then less often.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from pykubelet.runtime.base import STDERR, STDOUT, RuntimeFailure
+from pykubelet.runtime.docker.client import EngineError, ExecSession
+
+log = logging.getLogger(__name__)
+
+WAIT_POLL_MIN = 0.02  # how often an exec's end is polled: at first, and at most
+WAIT_POLL_MAX = 0.5
+
+
+class DockerExecStream:
+    """The ExecStream of one exec of the engine (see ExecSession for its bounded output)."""
+
+    def __init__(
+        self,
+        session: ExecSession,
+        what: str,
+        *,
+        stdin: bool,
+        tty: bool,
+        kill: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self._session = session
+        self._what = what
+        self._stdin = stdin
+        self._tty = tty
+        self._kill = kill
+        self._stdin_closed = False
+        self._closed = False
+
+    async def write_stdin(self, data: bytes) -> None:
+        if not self._stdin:
+            raise RuntimeFailure("the command's standard input is not attached")
+        if self._stdin_closed or self._closed:
+            return  # nobody reads it any more (as the process runtime drops it)
+        try:
+            await self._session.write(data)
+        except ConnectionError:
+            self._stdin_closed = True  # the command ended: its input goes nowhere
+
+    async def close_stdin(self) -> None:
+        if not self._stdin or self._stdin_closed or self._closed:
+            return
+        if self._tty:
+            # The engine cannot close a terminal's input: the command reads ^D, as typed.
+            await self.write_stdin(b"\x04")
+            return
+        self._stdin_closed = True
+        self._session.close_write()
+
+    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
+        while (chunk := await self._session.read()) is not None:
+            stream, data = chunk
+            yield (STDERR if stream == 2 and not self._tty else STDOUT), data
+
+    async def resize(self, width: int, height: int) -> None:
+        if not self._tty or self._closed:
+            return
+        try:
+            await self._session.resize(width, height)
+        except EngineError as e:  # it has just exited: nothing to resize
+            log.debug("cannot resize the terminal of %s: %s", self._what, e)
+
+    async def wait(self) -> int | None:
+        """The engine does not say when an exec ends: its state is polled."""
+        delay = WAIT_POLL_MIN
+        while True:
+            try:
+                info = await self._session.inspect()
+            except EngineError as e:
+                if e.not_found:
+                    return None  # gone with its container
+                raise RuntimeFailure(f"cannot learn how {self._what} ended: {e.message}") from e
+            if not info.get("Running"):
+                code = info.get("ExitCode")
+                return code if isinstance(code, int) else None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, WAIT_POLL_MAX)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            # The engine lets an exec run on when its connection closes: it is killed here.
+            await self._kill(self._session.id)
+        finally:
+            await self._session.close()
+
+
+class DockerAttachStream:
+    """The ExecStream of an attach to a container's own stdio: its end is the container's."""
+
+    def __init__(self, session: ExecSession, name: str, *, stdin: bool, tty: bool) -> None:
+        self._session = session
+        self._name = name
+        self._stdin = stdin
+        self._tty = tty
+        self._stdin_closed = False
+
+    async def write_stdin(self, data: bytes) -> None:
+        if not self._stdin or self._stdin_closed:
+            return  # a container without stdin: the engine drops it too
+        try:
+            await self._session.write(data)
+        except ConnectionError:
+            self._stdin_closed = True
+
+    async def close_stdin(self) -> None:
+        if self._stdin and not self._stdin_closed:
+            self._stdin_closed = True
+            # The engine stops copying; it closes the container's stdin with StdinOnce.
+            self._session.close_write()
+
+    async def output(self) -> AsyncIterator[tuple[str, bytes]]:
+        while (chunk := await self._session.read()) is not None:
+            stream, data = chunk
+            yield (STDERR if stream == 2 and not self._tty else STDOUT), data
+
+    async def resize(self, width: int, height: int) -> None:
+        if not self._tty:
+            return
+        try:
+            await self._session.resize(width, height)
+        except EngineError as e:
+            log.debug("cannot resize the terminal of container %s: %s", self._name, e)
+
+    async def wait(self) -> int | None:
+        """The container's exit code, once the engine says it stopped (polled)."""
+        delay = WAIT_POLL_MIN
+        while True:
+            try:
+                info = await self._session.inspect()
+            except EngineError as e:
+                if e.not_found:
+                    return None
+                raise RuntimeFailure(f"cannot learn how {self._name} ended: {e.message}") from e
+            state = info.get("State") or {}
+            if not state.get("Running"):
+                code = state.get("ExitCode")
+                return code if isinstance(code, int) else None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, WAIT_POLL_MAX)
+
+    async def close(self) -> None:
+        await self._session.close()  # detaches: the container runs on
