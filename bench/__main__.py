@@ -1,7 +1,7 @@
 """Run the benchmarks, print a table, write bench/results.json.
 
-python -m bench [--quick] [--only latency,merger,steady,podman,streaming,node_resources]
-                [--no-flamegraphs]
+python -m bench [--quick] [--no-flamegraphs]
+                [--only latency,merger,steady,podman,engines,streaming,node_resources]
 
 The latency section runs the floor (bench/floor.py) beside the agent for each N and prints the
 agent's start figures as ratios to it; with py-spy installed it also keeps flame graphs of the
@@ -20,7 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import floor, latency, merger, node_resources, podman, profile, steady, streaming
+from bench import (
+    engine_floor,
+    floor,
+    latency,
+    merger,
+    node_resources,
+    podman,
+    profile,
+    steady,
+    streaming,
+)
 from bench.targets import Target, table
 
 RESULTS = Path(__file__).with_name("results.json")
@@ -47,7 +57,9 @@ def machine() -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("--quick", action="store_true", help="smaller N and shorter windows")
-    parser.add_argument("--only", default="latency,merger,steady,podman,streaming,node_resources")
+    parser.add_argument(
+        "--only", default="latency,merger,steady,podman,engines,streaming,node_resources"
+    )
     parser.add_argument(
         "--no-flamegraphs", action="store_true", help="no py-spy runs in the latency section"
     )
@@ -109,6 +121,25 @@ def main() -> int:
         results["streaming"] = streaming.run(args.quick)
         for line in streaming.table(results["streaming"]):
             print(line, flush=True)
+    if "engines" in only:
+        n = 20 if args.quick else 100
+        r = engine_floor.run(n)
+        results["engine_floor"] = r
+        d, c = r["docker"], r["remote"]
+        print(
+            f"docker n={n}: kube play {d['podman_kube_play']['per_pod_seconds']:.3f}s, bare "
+            f"{d['bare_sequential']['per_pod_seconds']:.3f}s (concurrent "
+            f"{d['bare_concurrent']['per_pod_seconds']:.3f}s), pykubelet "
+            f"{d['pykubelet_docker']['per_pod_seconds']:.3f}s per pod",
+            flush=True,
+        )
+        print(
+            f"remote n={n}: bare {c['bare_sequential']['per_pod_seconds']:.3f}s (concurrent "
+            f"{c['bare_concurrent']['per_pod_seconds']:.3f}s), pykubelet "
+            f"{c['pykubelet_remote']['per_pod_seconds']:.3f}s per pod",
+            flush=True,
+        )
+        targets += engine_floor.targets(r)
     if "node_resources" in only:
         results["node_resources"] = node_resources.run(args.quick)
         for line in node_resources.table(results["node_resources"]):

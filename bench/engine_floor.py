@@ -31,6 +31,7 @@ from typing import Any
 
 from bench import latency, podman
 from bench.stats import percentiles
+from bench.targets import Target, at_most
 from tests.integration.agent import Agent, CriEngine, Engine
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -315,3 +316,24 @@ if __name__ == "__main__":
     count = int(sys.argv[2]) if len(sys.argv) > 2 else 100
     result = {"docker": run_docker, "remote": run_cri, "all": run}[which](count)
     print(json.dumps(result, indent=2))
+
+
+def targets(r: dict[str, Any]) -> list[Target]:
+    """Issue 19's engine targets: docker ≤ 0.5x kube play's per-pod time and ≤ 1.3x the bare
+    loop (its concurrent form: pykubelet starts pods concurrently too), remote ≤ 1.3x its loop."""
+    d, c = r["docker"], r["remote"]
+    ours_d, ours_c = (
+        d["pykubelet_docker"]["per_pod_seconds"],
+        c["pykubelet_remote"]["per_pod_seconds"],
+    )
+    play = d["podman_kube_play"]["per_pod_seconds"]
+    bare_d = d["bare_concurrent"]["per_pod_seconds"]
+    bare_c = c["bare_concurrent"]["per_pod_seconds"]
+    return [
+        at_most("docker, per pod / podman kube play", d["ratio_to_kube_play"], 0.5, "x",
+                f"{ours_d:.3f} s / {play:.3f} s"),
+        at_most("docker, per pod / bare create+start loop", d["ratio_to_bare_concurrent"], 1.3,
+                "x", f"{ours_d:.3f} s / {bare_d:.3f} s"),
+        at_most("remote, per pod / bare CRI loop", c["ratio_to_bare_concurrent"], 1.3, "x",
+                f"{ours_c:.3f} s / {bare_c:.3f} s"),
+    ]  # fmt: skip
