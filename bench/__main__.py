@@ -1,7 +1,8 @@
 """Run the benchmarks, print a table, write bench/results.json.
 
 python -m bench [--quick] [--no-flamegraphs]
-                [--only latency,merger,steady,podman,engines,streaming,node_resources]
+                [--only latency,merger,steady,podman,engines,streaming,node_resources,
+                cluster]
 
 The latency section runs the floor (bench/floor.py) beside the agent for each N and prints the
 agent's start figures as ratios to it; with py-spy installed it also keeps flame graphs of the
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    cluster_scale,
     engine_floor,
     floor,
     latency,
@@ -144,6 +146,12 @@ def main() -> int:
         results["node_resources"] = node_resources.run(args.quick)
         for line in node_resources.table(results["node_resources"]):
             print(line, flush=True)
+    if "cluster" in only:  # not in the default list: 10 agents, about as long as the rest
+        r = cluster_scale.run(3, 20, 10.0) if args.quick else cluster_scale.run(10, 110, 60.0)
+        results["cluster_scale"] = r
+        for line in cluster_scale.table(r):
+            print(line, flush=True)
+        targets += cluster_scale.targets(r)
     # Other sections add their rows above (targets += section.targets(results[...])).
     results["targets"] = [t.as_dict() for t in targets]
     for line in table(targets):
