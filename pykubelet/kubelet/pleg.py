@@ -70,7 +70,7 @@ class PLEG:
 
     async def run(self) -> None:
         self._started_at = time.monotonic()
-        next_full = self._started_at + self.period
+        next_full = self._started_at  # the first relist at once, as the kubelet's wait.Until
         while True:
             # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation that
             # arrives as the event is set, and the agent would never stop.
