@@ -273,9 +273,30 @@ async def test_attach_to_a_container_with_stdin(runtime: CriRuntime) -> None:
     c = await runtime.start_container(pod, sandbox, config(script, stdin=True))
     stream = await runtime.attach(c, stdin=True, tty=False)
     try:
+        # containerd starts copying an attach's stdin before it adds its stdout to the
+        # container's output: what the container echoes in between is not sent. So "ping" until
+        # the first answer shows the output attached, then the lines under test.
+        output = stream.output()
+        seen = b""
+
+        async def pinged() -> None:
+            nonlocal seen
+            while b"[ping]\n" not in seen:
+                name, data = await anext(output)
+                assert name == STDOUT
+                seen += data
+
+        waiting = asyncio.create_task(pinged())
+        while not waiting.done():
+            await stream.write_stdin(b"ping\n")
+            await asyncio.wait([waiting], timeout=0.2)
+        await waiting
         await stream.write_stdin(b"hello\n")
         await stream.write_stdin(b"bye\n")
-        assert await collect(stream) == [(STDOUT, b"[hello]\n[bye]\n")]
+        async for name, data in output:
+            assert name == STDOUT
+            seen += data
+        assert seen.endswith(b"[ping]\n[hello]\n[bye]\n"), seen
         assert await stream.wait() == 4  # the container's exit
     finally:
         await stream.close()
