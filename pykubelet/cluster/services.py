@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pykubelet.client.kubeapi import KubeApi
-from pykubelet.client.reflector import Key, Reflector
+from pykubelet.client.reflector import Key, Reflector, name_key
 from pykubelet.pod.envvars import Service, ServicePort
 
 Obj = dict[str, Any]
@@ -54,7 +54,10 @@ class ServiceWatch:
 
     def __init__(self) -> None:
         self.reflector = Reflector(
-            "services", _list_page, lambda api, rv, timeout: api.watch_services(rv, timeout)
+            "services",
+            _list_page,
+            lambda api, rv, timeout: api.watch_services(rv, timeout),
+            key=name_key,
         )
         self._decoded: dict[Key, tuple[str, Service | None]] = {}  # key -> (version, service)
         self._connected = False

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +37,8 @@ from pykubelet.api.decode import pod_from_object
 from pykubelet.api.errors import ManifestError
 from pykubelet.api.model import Pod
 from pykubelet.api.static import CONFIG_MIRROR
-from pykubelet.client.kubeapi import ApiError, KubeApi
-from pykubelet.client.throttle import Failures, Retry
+from pykubelet.client.kubeapi import KubeApi
+from pykubelet.client.reflector import WATCH_TIMEOUT, Reflector, uid_key
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.config.types import API_SOURCE, Op, PodUpdate
@@ -49,10 +48,6 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 FAILED_VALIDATION = "FailedValidation"
-LIST_PAGE = 500
-# The kubelet's reflector watches for a random 5 to 10 minutes, then re-watches from where it was:
-# spread so a fleet does not reconnect at once.
-WATCH_TIMEOUT = (300, 600)
 
 
 # --- decoding API pods --------------------------------------------------------------------------
@@ -149,18 +144,23 @@ class ApiSource:
         self._push = push
         self._recorder = recorder
         self._rejected = rejected
-        self.watch_timeout = watch_timeout
-        self.resource_version: str | None = None  # where the watch resumes; None: re-list
-        self._objects: dict[str, Obj] = {}  # uid -> the API's object (mirror pods included)
+        self._reflector: Reflector[str] = Reflector(
+            f"pods bound to {node_name}",
+            self._list_page,
+            self._watch,
+            self._schedule_flush,
+            watch_timeout,
+            key=uid_key,
+            on_success=self._listed_or_bookmarked,
+            on_failure=self._failed,
+            failure_suffix=self._failure_suffix,
+        )
         self._decoded: dict[str, _Decoded] = {}
         self._good: dict[str, Pod] = {}  # uid -> last good pod
         self._reported: dict[str, str] = {}  # uid -> the problem last reported
         self._pushed: dict[str, Pod] | None = None  # what the last SET held
         self._flush_scheduled = False
         self._listeners: list[Callable[[], None]] = []
-        self._failures = Failures("pod list/watch of the API server")
-        self.lists = 0
-        self.watches = 0
         self.synced = asyncio.Event()
 
     # --- what the rest of the cluster mode reads ---
@@ -171,12 +171,12 @@ class ApiSource:
 
     def api_object(self, uid: str) -> Obj | None:
         """The API's latest object of a (non-mirror) pod bound to us."""
-        obj = self._objects.get(uid)
+        obj = self._reflector.objects.get(uid)
         return obj if obj is not None and not is_mirror(obj) else None
 
     def mirror_pods(self) -> dict[tuple[str, str], Obj]:
         out = {}
-        for obj in self._objects.values():
+        for obj in self._reflector.objects.values():
             if is_mirror(obj):
                 meta = _meta(obj)
                 out[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = obj
@@ -186,13 +186,13 @@ class ApiSource:
         """Non-mirror pods with a deletionTimestamp, by UID."""
         return {
             uid: obj
-            for uid, obj in self._objects.items()
+            for uid, obj in self._reflector.objects.items()
             if not is_mirror(obj) and _meta(obj).get("deletionTimestamp")
         }
 
     def has_pod(self, key: tuple[str, str]) -> bool:
         """Whether a non-mirror pod `(namespace, name)` bound to us exists."""
-        for obj in self._objects.values():
+        for obj in self._reflector.objects.values():
             meta = _meta(obj)
             if (meta.get("namespace"), meta.get("name")) == key and not is_mirror(obj):
                 return True
@@ -203,118 +203,39 @@ class ApiSource:
 
     # --- the reflector ---
 
+    @property
+    def resource_version(self) -> str | None:
+        """Where the watch resumes; None: it re-lists."""
+        return self._reflector.resource_version
+
+    @property
+    def lists(self) -> int:
+        return self._reflector.lists
+
+    @property
+    def watches(self) -> int:
+        return self._reflector.watches
+
     async def run(self, api: KubeApi) -> None:
-        retry = Retry()
-        last_relist = 0.0
-        loop = asyncio.get_running_loop()
-        while True:
-            try:
-                if self.resource_version is None:
-                    if loop.time() - last_relist < 1.0:
-                        await asyncio.sleep(retry.delay())  # 410 right after a list: slow down
-                    last_relist = loop.time()
-                    await self._list(api)
-                    self._failures.ok()
-                started = loop.time()
-                events = await self._watch(api)
-                self._failures.ok()
-                if events == 0 and loop.time() - started < 1.0:
-                    # An empty stream that ended at once: do not spin on a misbehaving server.
-                    await asyncio.sleep(retry.delay())
-                else:
-                    retry.reset()
-            except ApiError as exc:
-                if exc.status == 410:
-                    log.info(
-                        "pod watch: resourceVersion %s is too old (410 Gone): re-listing",
-                        self.resource_version,
-                    )
-                    metrics.source_errors.labels(API_SOURCE, "expired").inc()
-                    self.resource_version = None
-                    continue
-                if exc.reason == "TooLong":
-                    self.resource_version = None  # resuming would read the same event again
-                reason = "connection" if exc.unreachable else f"http_{exc.status}"
-                metrics.source_errors.labels(API_SOURCE, reason).inc()
-                self._failures.failed(
-                    exc,
-                    " (running pods keep running; retrying)"
-                    if self.synced.is_set()
-                    else " (not ready: no pod of any source is removed until it answers)",
-                )
-                await asyncio.sleep(retry.delay())
-            except Exception:
-                # A bug must not end the source for good: its pods would never change again.
-                log.exception("the API server pod source failed unexpectedly; re-listing")
-                metrics.source_errors.labels(API_SOURCE, "internal").inc()
-                self.resource_version = None
-                await asyncio.sleep(retry.delay())
+        await self._reflector.run(api)
 
-    async def _list(self, api: KubeApi) -> None:
-        objects: dict[str, Obj] = {}
-        cont: str | None = None
-        version = ""
-        while True:
-            try:
-                page = await api.list_pods(self.selector, LIST_PAGE, cont)
-            except ApiError as exc:
-                if exc.status == 410 and cont is not None:
-                    # The paging snapshot expired: start again for a consistent list.
-                    objects, cont = {}, None
-                    continue
-                raise
-            meta = page.get("metadata") or {}
-            if cont is None:
-                version = str(meta.get("resourceVersion") or "")
-            for item in page.get("items") or []:
-                if isinstance(item, dict) and (uid := _meta(item).get("uid")):
-                    objects[str(uid)] = item
-            cont = meta.get("continue") or None
-            if cont is None:
-                break
-        self.lists += 1
-        self._objects = objects
-        self.resource_version = version or None
+    async def _list_page(self, api: KubeApi, limit: int, cont: str | None) -> Obj:
+        return await api.list_pods(self.selector, limit, cont)
+
+    def _watch(self, api: KubeApi, version: str, timeout: int) -> AsyncIterator[Obj]:
+        return api.watch_pods(self.selector, version, timeout)
+
+    def _listed_or_bookmarked(self) -> None:
         metrics.source_last_success.labels(API_SOURCE).set(time.time())
-        log.info(
-            "listed %d pods bound to %s at resourceVersion %s",
-            len(objects),
-            self.node_name,
-            version,
-        )
-        self._flush()
 
-    async def _watch(self, api: KubeApi) -> int:
-        """One watch from the current version; returns the number of events it carried."""
-        assert self.resource_version is not None
-        self.watches += 1
-        timeout = random.randint(*self.watch_timeout)
-        events = 0
-        async for event in api.watch_pods(self.selector, self.resource_version, timeout):
-            if events == 0:
-                self._failures.ok()
-            events += 1
-            kind, obj = event["type"], event["object"]
-            meta = _meta(obj)
-            version = meta.get("resourceVersion")
-            if kind == "BOOKMARK":
-                if version:
-                    self.resource_version = str(version)
-                metrics.source_last_success.labels(API_SOURCE).set(time.time())
-                continue
-            uid = meta.get("uid")
-            if not uid or kind not in ("ADDED", "MODIFIED", "DELETED"):
-                log.debug("pod watch: ignoring a %s event without uid", kind)
-                continue
-            if kind == "DELETED":
-                self._objects.pop(str(uid), None)
-            else:
-                self._objects[str(uid)] = obj
-            if version:
-                self.resource_version = str(version)
-            self._schedule_flush()
-        self._flush()
-        return events
+    def _failed(self, reason: str) -> None:
+        metrics.source_errors.labels(API_SOURCE, reason).inc()
+
+    @staticmethod
+    def _failure_suffix(synced: bool) -> str:
+        if synced:
+            return " (running pods keep running; retrying)"
+        return " (not ready: no pod of any source is removed until it answers)"
 
     def _schedule_flush(self) -> None:
         # Events already buffered are read without yielding to the loop: a burst becomes one SET.
@@ -327,7 +248,7 @@ class ApiSource:
     def _flush(self) -> None:
         self._flush_scheduled = False
         pods: dict[str, Pod] = {}
-        for uid, obj in self._objects.items():
+        for uid, obj in self._reflector.objects.items():
             if is_mirror(obj):
                 continue
             if (obj.get("spec") or {}).get("nodeName") != self.node_name:
@@ -337,7 +258,7 @@ class ApiSource:
             pod = self._decode(uid, obj)
             if pod is not None:
                 pods[uid] = pod
-        for uid in [u for u in self._decoded if u not in self._objects]:
+        for uid in [u for u in self._decoded if u not in self._reflector.objects]:
             del self._decoded[uid]
             self._good.pop(uid, None)
             self._reported.pop(uid, None)

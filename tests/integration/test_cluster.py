@@ -542,6 +542,11 @@ def test_watches_cut_every_two_seconds_lose_no_change(
     server, kubeconfig, client = cluster
     agent = start_agent("--kubeconfig", str(kubeconfig))
     stop = threading.Event()
+    # Cutting starts once the agent watches (a slow start would otherwise see fewer cuts).
+    wait_for(
+        "the agent's pod watch",
+        lambda: any(r.watch and r.path == "/api/v1/pods" for r in server.requests()),
+    )
 
     def cut() -> None:
         while not stop.wait(2.0):
