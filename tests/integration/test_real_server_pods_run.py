@@ -16,7 +16,7 @@ What this machine cannot give is substituted, nothing else:
   terminationGracePeriodSeconds is patched);
 - the probes are kept as served and made to pass: where nginx would serve `/` on 80 (the
   Deployment's readinessProbe) and podinfo `/healthz` on its `http` port 9898 (the chart's
-  livenessProbe), busybox's `httpd -f -vv` serves the path, and its log shows the kubelet's
+  livenessProbe), `busybox httpd -f -vv` serves the path, and its log shows the kubelet's
   probe requests answered 200. podinfo's writable place stays its `data` emptyDir (its root
   file system is read-only, its user 65534, its group the pod's fsGroup). pykubelet probes a
   container as soon as it has started, so a first probe may come before httpd listens (a
@@ -27,13 +27,23 @@ What this machine cannot give is substituted, nothing else:
 - the Job's `perl -e 'print 1'` is `printf 1` (exit 0);
 - `nodeName` node-2 (the Job's, the StatefulSet's) is node-1, the one node here; the DaemonSet's
   node affinity already names node-1.
-The node runs as kubeadm sets one up for these pods: `--cluster-dns`, `--cluster-domain`, and
-`--allowed-host-paths /` for node-exporter's hostPath (without it the pod is refused with
-`HostPathNotAllowed` naming `spec.volumes[0].hostPath.path`).
+The node has `--cluster-dns` and `--cluster-domain` as kubeadm sets a kubelet up, and
+pykubelet's `--allowed-host-paths /` for node-exporter's hostPath (without it that pod is refused
+with `HostPathNotAllowed` naming `spec.volumes[0].hostPath.path`).
+
+On the process runtime the same objects run as host processes (the image recorded, never
+pulled: the commands are the host's `/bin/sh`, `busybox`, `sleep`), on the node's network, each
+container in a mount namespace of its own with its token volume (and node-exporter's `/host`)
+bound in: four pods run; the chart's waits in CreateContainerConfigError naming
+`securityContext.seccompProfile` (there is no seccomp filter for host processes); the
+StatefulSet's is refused as on the others. There the Deployment's httpd listens on the host's
+port 80 and serves a directory it makes in the host's /tmp and removes on SIGTERM, and the mount
+point /host the runtime creates on the host is removed afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,8 +61,14 @@ CORPUS = Path(__file__).parent.parent / "data" / "real_pods"
 NODE = "node-1"
 IMAGE = "busybox:test"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-# A server's way to stay up as PID 1 of a container: SIGTERM ends it at once.
-STAY_UP = 'trap "exit 0" TERM; while :; do sleep 1 & wait; done'
+
+
+def _stay_up(cleanup: str = "") -> str:
+    """A server's way to stay up as PID 1 of a container: SIGTERM ends it at once."""
+    return f"trap '{cleanup}exit 0' TERM; while :; do sleep 1 & wait; done"
+
+
+STAY_UP = _stay_up()
 SHOW_TOKEN = (
     f"echo namespace $(cat {TOKEN_DIR}/namespace); "
     f"echo ca $(head -n 1 {TOKEN_DIR}/ca.crt); "
@@ -60,20 +76,21 @@ SHOW_TOKEN = (
 )
 
 
-def _serve(root: str, port: int, path: str) -> str:
-    """busybox's httpd answering `path` with 200 on `port`, in the background, its log (each
-    request and its response code) in the container's."""
+def _serve(parent: str, port: int, path: str) -> str:
+    """busybox's httpd answering `path` with 200 on `port`, from a new directory in `parent`,
+    in the background, its log (each request and its response code) in the container's."""
     return (
-        f"mkdir -p {root} && echo ok > {root}/{path.strip('/') or 'index.html'} && "
-        f"{{ httpd -f -vv -p {port} -h {root} & }}; "
+        f"www=$(mktemp -d -p {parent}) && echo ok > $www/{path.strip('/') or 'index.html'} && "
+        f"{{ busybox httpd -f -vv -p {port} -h $www & }}; "
     )
 
 
 # By file: the command that replaces the image's program (see the module's docstring).
 COMMANDS = {
     "kubectl-run.yaml": SHOW_TOKEN + STAY_UP,
-    "deployment.yaml": _serve("/www", 80, "/") + SHOW_TOKEN + STAY_UP,
-    "restricted-chart.yaml": _serve("/data/www", 9898, "/healthz")
+    # On the process runtime /tmp is the host's: the directory goes with the server.
+    "deployment.yaml": _serve("/tmp", 80, "/") + SHOW_TOKEN + _stay_up('rm -rf "$www"; '),
+    "restricted-chart.yaml": _serve("/data", 9898, "/healthz")
     + "echo pod $POD_NAME; echo user $(id -u) $(id -G); "
     + "touch /root-fs 2>/dev/null || echo root-read-only; "
     + "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
@@ -90,6 +107,10 @@ COMMANDS = {
 # What the node refuses, by file: the field of the object as served, in the pod's status.
 REFUSED = {"statefulset.yaml": "spec.volumes[0].persistentVolumeClaim"}
 SUCCEEDS = {"job.yaml"}
+# What the process runtime cannot do, by file: the container waits naming the field.
+NOT_ON_PROCESSES = {
+    "restricted-chart.yaml": "securityContext.seccompProfile: RuntimeDefault is not supported"
+}
 # /proc/self/status under the restricted profile.
 PROFILE = {"CapEff": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"}
 
@@ -116,23 +137,17 @@ def apiserver() -> Iterator[ApiServer]:
     server.close()
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("docker", marks=pytest.mark.docker),
-        pytest.param("remote", marks=pytest.mark.cri),
-    ]
-)
-def engine_backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    yield request.getfixturevalue(
-        {"docker": "docker_backend", "remote": "cri_backend"}[request.param]
-    )
-
-
 def _ready(pod: Obj | None) -> bool:
     if pod is None or pod.get("status", {}).get("phase") != "Running":
         return False
     conditions = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}
     return conditions.get("Ready") == "True"
+
+
+def _waiting(pod: Obj | None) -> Obj:
+    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or [{}]
+    waiting: Obj = (statuses[0].get("state") or {}).get("waiting") or {}
+    return waiting
 
 
 def _phase(pod: Obj | None) -> str:
@@ -142,13 +157,15 @@ def _phase(pod: Obj | None) -> str:
 def test_the_corpus_runs_on_one_node(
     apiserver: ApiServer,
     tmp_path: Path,
-    engine_backend: Backend,
+    backend: Backend,
     start_agent: Callable[..., Agent],
 ) -> None:
     kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig")
     client = KubeClient(kubeconfig)
     files = sorted(p.name for p in CORPUS.glob("*.yaml"))
     assert set(files) == set(COMMANDS), "a corpus pod without its substitution here"
+    # What the runtime refuses to start, by file: the field it names, in the waiting reason.
+    waits = {} if backend.engine is not None else NOT_ON_PROCESSES
     served: dict[str, Obj] = {}
     for name in files:
         body = corpus_pod(name)
@@ -156,8 +173,10 @@ def test_the_corpus_runs_on_one_node(
         # The object as served: the fixture adds no second token volume, drops nothing.
         assert served[name]["spec"]["volumes"] == body["spec"]["volumes"], name
         assert served[name]["spec"]["tolerations"] == body["spec"]["tolerations"], name
+    # The process runtime binds node-exporter's /host on a mount point it creates on the host.
+    made_host = backend.engine is None and not Path("/host").exists()
     agent = start_agent(
-        *engine_backend.flags,
+        *backend.flags,
         "--kubeconfig",
         str(kubeconfig),
         "--node-name",
@@ -169,6 +188,23 @@ def test_the_corpus_runs_on_one_node(
         "--allowed-host-paths",
         "/",
     )
+    try:
+        _check_the_corpus(apiserver, client, agent, served, waits)
+    finally:
+        if made_host:
+            agent.stop()
+            with contextlib.suppress(OSError):
+                Path("/host").rmdir()
+
+
+def _check_the_corpus(
+    apiserver: ApiServer,
+    client: KubeClient,
+    agent: Agent,
+    served: dict[str, Obj],
+    waits: dict[str, str],
+) -> None:
+    files = sorted(served)
 
     def current(name: str) -> Obj | None:
         meta = served[name]["metadata"]
@@ -178,6 +214,8 @@ def test_the_corpus_runs_on_one_node(
         pod = current(name)
         if name in REFUSED:
             return _phase(pod) == "Failed"
+        if name in waits:
+            return _waiting(pod).get("reason") == "CreateContainerConfigError"
         if name in SUCCEEDS:
             return _phase(pod) == "Succeeded"
         return _ready(pod)
@@ -212,6 +250,10 @@ def test_the_corpus_runs_on_one_node(
             message = pod["status"]["message"]
             assert REFUSED[name] in message and "not supported" in message, message
             continue
+        if name in waits:
+            message = _waiting(pod)["message"]
+            assert waits[name] in message, message
+            continue
         out = wait_for(f"{name}: its output", lambda n=name: "token" in log(n) and log(n))
         # The token volume as the containers see it: the pod's namespace, the cluster's CA, a
         # token the API server issued bound to this pod.
@@ -236,8 +278,13 @@ def test_the_corpus_runs_on_one_node(
     assert events and "spec.volumes[0].persistentVolumeClaim" in events[0]["message"], events
 
     # The probes as served, answered: nginx's readinessProbe on /, podinfo's livenessProbe on
-    # /healthz through its named port (periodSeconds 10: its first run is at the start).
-    assert "url:/\n" in log("deployment.yaml") and "response:200" in log("deployment.yaml")
+    # /healthz through its named port.
+    deployment = log("deployment.yaml")
+    assert "url:/\n" in deployment and "response:200" in deployment, deployment
+    daemon = log("daemonset.yaml")
+    assert "args --path.rootfs=/host\nhost-root-mounted\nhost-mount ro\n" in daemon, daemon
+    if "restricted-chart.yaml" in waits:
+        return
     chart = wait_for(
         "podinfo's liveness probe answered",
         lambda: "url:/healthz" in log("restricted-chart.yaml") and log("restricted-chart.yaml"),
@@ -251,5 +298,3 @@ def test_the_corpus_runs_on_one_node(
     assert "root-read-only\n" in chart, chart
     profile = [line.split() for line in chart.splitlines() if line.split(":")[0] in PROFILE]
     assert dict((k.rstrip(":"), v) for k, v in profile) == PROFILE, chart
-    daemon = log("daemonset.yaml")
-    assert "args --path.rootfs=/host\nhost-root-mounted\nhost-mount ro\n" in daemon, daemon
