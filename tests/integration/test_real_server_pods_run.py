@@ -69,10 +69,14 @@ def _stay_up(cleanup: str = "") -> str:
 
 
 STAY_UP = _stay_up()
-SHOW_TOKEN = (
+SHOW = (
     f"echo namespace $(cat {TOKEN_DIR}/namespace); "
     f"echo ca $(head -n 1 {TOKEN_DIR}/ca.crt); "
     f"echo token $(wc -c < {TOKEN_DIR}/token); "
+    # The resolver dnsPolicy gave, and the memory limit as the container's cgroup holds it.
+    "echo dns $(grep ^nameserver /etc/resolv.conf | head -n 1); "
+    "echo memory $(cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes "
+    "2>/dev/null | head -n 1); "
 )
 
 
@@ -87,21 +91,21 @@ def _serve(parent: str, port: int, path: str) -> str:
 
 # By file: the command that replaces the image's program (see the module's docstring).
 COMMANDS = {
-    "kubectl-run.yaml": SHOW_TOKEN + STAY_UP,
+    "kubectl-run.yaml": SHOW + STAY_UP,
     # On the process runtime /tmp is the host's: the directory goes with the server.
-    "deployment.yaml": _serve("/tmp", 80, "/") + SHOW_TOKEN + _stay_up('rm -rf "$www"; '),
+    "deployment.yaml": _serve("/tmp", 80, "/") + SHOW + _stay_up('rm -rf "$www"; '),
     "restricted-chart.yaml": _serve("/data", 9898, "/healthz")
     + "echo pod $POD_NAME; echo user $(id -u) $(id -G); "
     + "touch /root-fs 2>/dev/null || echo root-read-only; "
     + "grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; "
-    + SHOW_TOKEN
+    + SHOW
     + STAY_UP,
     "daemonset.yaml": 'echo "args $0"; test -d "${0#--path.rootfs=}/proc/1" && '
     "echo host-root-mounted; "
     "echo host-mount $(grep ' /host ' /proc/mounts | head -n 1 | cut -d' ' -f4 | cut -d, -f1); "
-    + SHOW_TOKEN
+    + SHOW
     + STAY_UP,
-    "job.yaml": SHOW_TOKEN + "printf 1",
+    "job.yaml": SHOW + "printf 1",
     "statefulset.yaml": STAY_UP,  # never run: refused for its persistentVolumeClaim
 }
 # What the node refuses, by file: the field of the object as served, in the pod's status.
@@ -111,6 +115,8 @@ SUCCEEDS = {"job.yaml"}
 NOT_ON_PROCESSES = {
     "restricted-chart.yaml": "securityContext.seccompProfile: RuntimeDefault is not supported"
 }
+# The corpus's memory limits, in bytes.
+MEBI = {"64Mi": 64 << 20, "128Mi": 128 << 20, "256Mi": 256 << 20}
 # /proc/self/status under the restricted profile.
 PROFILE = {"CapEff": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"}
 
@@ -164,8 +170,6 @@ def test_the_corpus_runs_on_one_node(
     client = KubeClient(kubeconfig)
     files = sorted(p.name for p in CORPUS.glob("*.yaml"))
     assert set(files) == set(COMMANDS), "a corpus pod without its substitution here"
-    # What the runtime refuses to start, by file: the field it names, in the waiting reason.
-    waits = {} if backend.engine is not None else NOT_ON_PROCESSES
     served: dict[str, Obj] = {}
     for name in files:
         body = corpus_pod(name)
@@ -189,7 +193,7 @@ def test_the_corpus_runs_on_one_node(
         "/",
     )
     try:
-        _check_the_corpus(apiserver, client, agent, served, waits)
+        _check_the_corpus(apiserver, client, agent, served, backend)
     finally:
         if made_host:
             agent.stop()
@@ -202,8 +206,10 @@ def _check_the_corpus(
     client: KubeClient,
     agent: Agent,
     served: dict[str, Obj],
-    waits: dict[str, str],
+    backend: Backend,
 ) -> None:
+    # What the runtime refuses to start, by file: the field it names, in the waiting reason.
+    waits = {} if backend.engine is not None else NOT_ON_PROCESSES
     files = sorted(served)
 
     def current(name: str) -> Obj | None:
@@ -261,6 +267,14 @@ def _check_the_corpus(
         assert "ca -----BEGIN CERTIFICATE-----\n" in out, (name, out)
         assert "token 0\n" not in out, (name, out)
         assert meta["uid"] in issued, name
+        # ClusterFirst, ClusterFirstWithHostNet: the cluster's DNS; on the process runtime
+        # (the node's network) ClusterFirst is Default, as for a hostNetwork pod.
+        host_network = backend.engine is None or pod["spec"].get("hostNetwork")
+        cluster_dns = pod["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet" or not host_network
+        assert ("dns nameserver 10.96.0.10\n" in out) == cluster_dns, (name, out)
+        limit = pod["spec"]["containers"][0]["resources"].get("limits", {}).get("memory")
+        if limit is not None and backend.engine is not None:
+            assert f"memory {MEBI[limit]}\n" in out, (name, out)
         (state,) = pod["status"]["containerStatuses"]
         assert state["restartCount"] == 0, (name, state)
         if name in SUCCEEDS:
