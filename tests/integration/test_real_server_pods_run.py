@@ -12,8 +12,8 @@ What this machine cannot give is substituted, nothing else:
 - `image`: busybox:test (nginx, podinfo, perl and node-exporter cannot be pulled here: there is
   no registry), so `command` too, since the images' programs are not in it. Every command first
   prints what the pod sees of its token volume (`namespace`, the first line of `ca.crt`, the
-  token's length), then stays up, trapping SIGTERM as a server does (no
-  terminationGracePeriodSeconds is patched);
+  token's length), its resolver's first nameserver and its cgroup's memory limit, then stays
+  up, trapping SIGTERM as a server does (no terminationGracePeriodSeconds is patched);
 - the probes are kept as served and made to pass: where nginx would serve `/` on 80 (the
   Deployment's readinessProbe) and podinfo `/healthz` on its `http` port 9898 (the chart's
   livenessProbe), `busybox httpd -f -vv` serves the path, and its log shows the kubelet's
