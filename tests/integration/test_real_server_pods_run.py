@@ -12,8 +12,9 @@ What this machine cannot give is substituted, nothing else:
 - `image`: busybox:test (nginx, podinfo, perl and node-exporter cannot be pulled here: there is
   no registry), so `command` too, since the images' programs are not in it. Every command first
   prints what the pod sees of its token volume (`namespace`, the first line of `ca.crt`, the
-  token's length), its resolver's first nameserver and its cgroup's memory limit, then stays
-  up, trapping SIGTERM as a server does (no terminationGracePeriodSeconds is patched);
+  token's length), the `kubernetes` Service's variables, its resolver's first nameserver and
+  its cgroup's memory limit, then stays up, trapping SIGTERM as a server does (no
+  terminationGracePeriodSeconds is patched);
 - the probes are kept as served and made to pass: where nginx would serve `/` on 80 (the
   Deployment's readinessProbe) and podinfo `/healthz` on its `http` port 9898 (the chart's
   livenessProbe), `busybox httpd -f -vv` serves the path, and its log shows the kubelet's
@@ -73,7 +74,9 @@ SHOW = (
     f"echo namespace $(cat {TOKEN_DIR}/namespace); "
     f"echo ca $(head -n 1 {TOKEN_DIR}/ca.crt); "
     f"echo token $(wc -c < {TOKEN_DIR}/token); "
-    # The resolver dnsPolicy gave, and the memory limit as the container's cgroup holds it.
+    # The kubernetes Service's variables (cluster mode), the resolver dnsPolicy gave, and the
+    # memory limit as the container's cgroup holds it.
+    "echo service ${KUBERNETES_SERVICE_HOST:+host}:${KUBERNETES_SERVICE_PORT:-none}; "
     "echo dns $(grep ^nameserver /etc/resolv.conf | head -n 1); "
     "echo memory $(cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/memory/memory.limit_in_bytes "
     "2>/dev/null | head -n 1); "
@@ -266,6 +269,7 @@ def _check_the_corpus(
         assert f"namespace {meta['namespace']}\n" in out, (name, out)
         assert "ca -----BEGIN CERTIFICATE-----\n" in out, (name, out)
         assert "token 0\n" not in out, (name, out)
+        assert "service host:443\n" in out, (name, out)
         assert meta["uid"] in issued, name
         # ClusterFirst, ClusterFirstWithHostNet: the cluster's DNS; on the process runtime
         # (the node's network) ClusterFirst is Default, as for a hostNetwork pod.
