@@ -49,6 +49,7 @@ from pykubelet.probes.prober import ProbeManager
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
+    Mount,
     Runtime,
     RuntimeContainer,
     RuntimeFailure,
@@ -56,6 +57,7 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
     StartError,
 )
+from pykubelet.runtime.termination import create_message_file
 from pykubelet.status.generate import TERMINAL_PHASES, Waiting, compute_pod_status
 from pykubelet.status.manager import StatusManager
 
@@ -537,6 +539,15 @@ class PodSync:
             mounts = await self.volumes.container_mounts(pod, spec, state.volume_paths)
             etc_mounts, resolv_conf = await self.network.container_files(pod, sandbox.ip, mounts)
             security = security_fields(pod, spec)
+            # The kubelet's makeMounts: a new file per start, bound last, read-write. A
+            # manifest without the field (not defaulted by an API server) has none.
+            message_path = spec.termination_message_path or ""
+            if message_path:
+                message_file = await asyncio.to_thread(
+                    create_message_file, self.volumes.pod_dir(pod.uid), spec.name
+                )
+                if message_file is not None:
+                    etc_mounts = [*etc_mounts, Mount(message_file, message_path)]
         except (EnvError, VolumeError, SecurityError, DnsError) as e:
             waiting = Waiting("CreateContainerConfigError", str(e))
             state.waiting[spec.name] = waiting
@@ -573,6 +584,8 @@ class PodSync:
             ],
             mounts=[*mounts, *etc_mounts],
             resolv_conf=resolv_conf,
+            termination_message_path=message_path,
+            termination_message_policy=spec.termination_message_policy or "File",
             run_as_user=security.run_as_user,
             run_as_group=security.run_as_group,
             supplemental_groups=security.supplemental_groups,

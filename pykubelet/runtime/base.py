@@ -223,6 +223,11 @@ class ContainerConfig:
     # that bind it at /etc/resolv.conf themselves; a CRI runtime writes its own from the
     # sandbox's DNSConfig. None: the node's own file.
     resolv_conf: str | None = None
+    # terminationMessagePath ("": none) and terminationMessagePolicy. The file bound there
+    # for this start (runtime/termination.py) is the last of `mounts`; a backend records both
+    # with the container, to read its message once it has exited.
+    termination_message_path: str = ""
+    termination_message_policy: str = "File"
 
 
 # Kubernetes keeps at most this much of an exec probe's output.

@@ -34,6 +34,7 @@ from pykubelet.runtime.cri.proto import cri_api_pb2 as api
 from pykubelet.runtime.resources import CPU_PERIOD, cpu_quota, cpu_shares, request_milli_cpu
 from pykubelet.runtime.sandbox.engine import ContainerEntry, SandboxEntry
 from pykubelet.runtime.sandbox.naming import pod_hostname
+from pykubelet.runtime.termination import ANNOTATION_PATH, ANNOTATION_POLICY
 
 LABEL_MANAGED = "io.pykubelet.managed"
 
@@ -185,6 +186,11 @@ def container_config(pod: Pod, config: ContainerConfig, memory_capacity: int) ->
             LABEL_ATTEMPT: str(config.attempt),
             LABEL_SPEC_HASH: config.spec_hash,
         },
+        # As the kubelet's: the runtime keeps them, the kubelet reads them back at the exit.
+        annotations={
+            ANNOTATION_PATH: config.termination_message_path,
+            ANNOTATION_POLICY: config.termination_message_policy,
+        },
         log_path=f"{config.name}/{config.attempt}.log",
         stdin=config.stdin,
         stdin_once=config.stdin_once,
@@ -267,6 +273,10 @@ def container_entry(id: str, reply: Any) -> ContainerEntry | None:
     except ValueError:
         attempt = int(st.metadata.attempt)
     exited = state is ContainerRunState.EXITED
+    annotations = dict(st.annotations)
+    message_path = annotations.get(ANNOTATION_PATH, "")
+    # The first mount at the path, as the kubelet's getTerminationMessage looks.
+    bound = [m.host_path for m in st.mounts if message_path and m.container_path == message_path]
     return ContainerEntry(
         id=id,
         pod_uid=labels[LABEL_POD_UID],
@@ -286,6 +296,9 @@ def container_entry(id: str, reply: Any) -> ContainerEntry | None:
         oom_killed=st.reason == "OOMKilled",
         message=st.message,
         log_path=st.log_path,
+        termination_message_path=message_path,
+        termination_message_policy=annotations.get(ANNOTATION_POLICY, ""),
+        termination_file=bound[0] if bound else "",
         pid=pid
         if isinstance(pid, int) and pid > 0 and state is ContainerRunState.RUNNING
         else None,

@@ -29,6 +29,7 @@ from pykubelet.runtime.logfiles import parse_time as parse_record_time
 from pykubelet.runtime.resources import CPU_PERIOD, cpu_quota, cpu_shares, request_milli_cpu
 from pykubelet.runtime.sandbox.engine import ContainerEntry, Kind, Listing, SandboxEntry
 from pykubelet.runtime.sandbox.naming import pod_hostname
+from pykubelet.runtime.termination import ANNOTATION_PATH, ANNOTATION_POLICY
 
 # The labels of the kubelet's Docker integration (dockershim), beside those of base.py.
 LABEL_TYPE = "io.kubernetes.docker.type"
@@ -204,6 +205,8 @@ def container_body(
     labels = _labels(pod, TYPE_CONTAINER, config.name, config.attempt)
     labels[LABEL_SPEC_HASH] = config.spec_hash
     labels[LABEL_SANDBOX_ID] = sandbox_id
+    labels[ANNOTATION_PATH] = config.termination_message_path
+    labels[ANNOTATION_POLICY] = config.termination_message_policy
     body: dict[str, Any] = {
         "Image": config.image,
         "Env": [f"{k}={v}" for k, v in env.items()],
@@ -351,6 +354,7 @@ def parse_inspect(info: dict[str, Any], node_ip: str) -> SandboxEntry | Containe
             exit_code=code,
         )
     pid = state_info.get("Pid")
+    message_path = labels.get(ANNOTATION_PATH, "")
     return ContainerEntry(
         id=str(info["Id"]),
         pod_uid=uid,
@@ -372,7 +376,20 @@ def parse_inspect(info: dict[str, Any], node_ip: str) -> SandboxEntry | Containe
         else None,
         tty=bool(config.get("Tty")),
         image_id=docker_image_id(str(info.get("Image") or "")),
+        termination_message_path=message_path,
+        termination_message_policy=labels.get(ANNOTATION_POLICY, ""),
+        termination_file=_bound_at(info, message_path),
     )
+
+
+def _bound_at(info: dict[str, Any], path: str) -> str:
+    """The host file bound at `path` ("": none), as the kubelet finds it in the mounts."""
+    if not path:
+        return ""
+    for m in info.get("Mounts") or []:
+        if isinstance(m, dict) and m.get("Destination") == path:
+            return str(m.get("Source") or "")
+    return ""
 
 
 def docker_image_id(image: str, repo_digest: str | None = None) -> str:

@@ -186,6 +186,10 @@ class ContainerRecord:
     message: str | None = None
     # Started through the launcher (mounts, user, cgroups); None in files older than the field.
     launched: bool | None = None
+    # The host file bound at its terminationMessagePath (None: none) and the policy, read at
+    # its exit (runtime/termination.py); absent in files older than the fields.
+    termination_file: str | None = None
+    termination_policy: str = ""
     # Not persisted.
     pidfd: int | None = None  # set while the exit is being watched
     # Set once the exit is recorded, in memory and (if the disk allows) in the state file.
@@ -255,6 +259,8 @@ class ContainerRecord:
             "reason": self.reason,
             "message": self.message,
             "launched": self.launched,
+            "termination_file": self.termination_file,
+            "termination_policy": self.termination_policy,
         }
 
     @classmethod
@@ -279,6 +285,8 @@ class ContainerRecord:
             reason=f.opt_text("reason"),
             message=f.opt_text("message"),
             launched=f.opt_flag("launched"),
+            termination_file=f.opt_text("termination_file"),
+            termination_policy=f.opt_text("termination_policy") or "",
         )
         if rec.pid <= 1:
             raise StateFileError(path, f"field 'pid' is not a pid we could have started: {rec.pid}")

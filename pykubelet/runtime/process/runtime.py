@@ -89,6 +89,8 @@ from pykubelet.runtime.process.spawn import (
     spawn_launched,
 )
 from pykubelet.runtime.process.statewriter import StateWriter
+from pykubelet.runtime.process.termination import exit_message, message_bind
+from pykubelet.runtime.termination import is_message_file
 
 log = logging.getLogger(__name__)
 
@@ -496,6 +498,7 @@ class ProcessRuntime:
         container_id = uuid.uuid4().hex
         env[ID_VARIABLE] = container_id
         settings = self._cgroup_settings(config)
+        config, message_file = message_bind(config, pod.uid)
         launch = launch_config(config, argv, cwd, env, settings is not None)
         # Written before the fork, removed once the state file is: an agent killed in between
         # finds the marker at its next start and kills the process by its ID, which would
@@ -572,6 +575,8 @@ class ProcessRuntime:
             pidfd=pidfd,
             cgroup=bool(procs),
             launched=launch is not None,
+            termination_file=message_file,
+            termination_policy=config.termination_message_policy,
         )
         state.containers[rec.id] = rec
         if stdio is not None:
@@ -649,8 +654,10 @@ class ProcessRuntime:
         async with rec.lock:
             rec.removed = True
             try:
+                own = rec.termination_file
+                message = [Path(own)] if own and is_message_file(own, rec.pod_uid, rec.name) else []
                 await asyncio.to_thread(
-                    _remove_files, self._container_file(rec), self.log_path(container)
+                    _remove_files, self._container_file(rec), self.log_path(container), *message
                 )
                 await asyncio.to_thread(logrotation.remove_all, self.log_path(container))
             except OSError as e:
@@ -759,6 +766,15 @@ class ProcessRuntime:
         stdio = self._stdio.pop(rec.id, None)
         if stdio is not None:
             await stdio.close()  # what its terminal still held reaches the log first
+        if rec.exit_code is not None:
+            rec.message = await exit_message(
+                rec.termination_file,
+                rec.termination_policy,
+                rec.exit_code,
+                rec.reason,
+                rec.message,
+                lambda lines: self.read_log(rec.view(), tail_lines=lines),
+            )
         try:
             await self._persist(rec)
         except OSError as e:

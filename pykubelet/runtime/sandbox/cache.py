@@ -13,6 +13,8 @@ What it promises:
 - An id `expect`ed (the core has just created it and will refresh it itself when its start is
   done) is left to that refresh: a relist does not inspect it meanwhile, and `pending` tells
   the change stream so. Each entry records when its inspect was sent (`inspected_ns`).
+- An exited container's entry is completed by `finish` (its termination message, read once per
+  exit: messages.py) before it is stored.
 """
 
 from __future__ import annotations
@@ -37,10 +39,15 @@ T = TypeVar("T")
 E = TypeVar("E", SandboxEntry, ContainerEntry)
 
 
+# Completes an exited container's entry before it is stored: (the new entry, the one it replaces).
+Finisher = Callable[[ContainerEntry, ContainerEntry | None], Awaitable[None]]
+
+
 class StatusCache:
-    def __init__(self, source: Inspector, name: str) -> None:
+    def __init__(self, source: Inspector, name: str, finish: Finisher | None = None) -> None:
         self._source = source
         self._name = name
+        self._finish = finish
         self._sandboxes: dict[str, SandboxEntry] = {}
         self._containers: dict[str, ContainerEntry] = {}
         self._seq = 0
@@ -107,6 +114,8 @@ class StatusCache:
             self._pending.discard(id)
             sent = time.time_ns()
             entry = await self._source.inspect_container(id)
+            if entry is not None and self._finish is not None:
+                await self._finish(entry, self._containers.get(id))
             if entry is not None:
                 entry.inspected_ns = sent
                 self._containers[entry.id] = self._stamped(entry)

@@ -20,7 +20,9 @@ What it promises, whatever the engine:
   stream refreshes the rest and tells the listeners at once. The stream's news of our own
   creates and starts is not inspected again: one inspect after the start tells it (an engine
   round trip per event saved, two per container).
-- An exited container's reason is the kubelet's: OOMKilled, Completed or Error (views.py).
+- An exited container's reason is the kubelet's: OOMKilled, Completed or Error (views.py); its
+  message is enriched with its termination message, read once per exit (messages.py). The file
+  made for it (runtime/termination.py) goes with the container.
 - The core is the engine's ChangeSink: `watching`, `relist` and `changed` are for the engine's
   change stream, not for the layers above.
 """
@@ -69,9 +71,11 @@ from pykubelet.runtime.sandbox.engine import (
     PullError,
     SandboxEntry,
 )
+from pykubelet.runtime.sandbox.messages import finish_exited
 from pykubelet.runtime.sandbox.netns import socket_in
 from pykubelet.runtime.sandbox.presence import ImagePresence
 from pykubelet.runtime.sandbox.views import container_view, pick_sandbox, pods, sandbox_view
+from pykubelet.runtime.termination import is_message_file, remove_message_file
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +94,11 @@ class SandboxRuntime(Generic[R]):
         self.name = engine.name
         self.infra_image = infra_image
         self._engine = engine
-        self._cache = StatusCache(engine, engine.name)
+        self._cache = StatusCache(
+            engine,
+            engine.name,
+            lambda entry, before: finish_exited(entry, before, self._log_tail),
+        )
         self._pulls = SharedPulls(self._pull)
         self._presence = ImagePresence(engine.image_present)
         self._listeners: list[ChangeListener] = []
@@ -356,7 +364,16 @@ class SandboxRuntime(Generic[R]):
 
     async def _remove_container(self, id: str, *, force: bool) -> ContainerEntry | None:
         gone = await self._cache.remove(id, lambda: self._engine.remove_container(id, force=force))
-        return gone if isinstance(gone, ContainerEntry) else None
+        if not isinstance(gone, ContainerEntry):
+            return None
+        # Its termination-log file, if it is the one made for it (not a volume's file).
+        path = gone.termination_file
+        if path and is_message_file(path, gone.pod_uid, gone.name):
+            await asyncio.to_thread(remove_message_file, path)
+        return gone
+
+    async def _log_tail(self, entry: ContainerEntry, lines: int) -> bytes:
+        return await self._engine.read_log(entry.id, entry, lines, None, NO_LOG_TIMES)
 
     async def _discard_container(self, id: str) -> None:
         try:

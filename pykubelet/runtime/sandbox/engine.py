@@ -100,6 +100,13 @@ class ContainerEntry:
     # status.imageID: the image's digest reference (docker-pullable://repo@sha256:...,
     # docker://sha256:<id>, the CRI's image_ref); "" for `image`.
     image_id: str = ""
+    # terminationMessagePath and its policy as recorded with the container, the host file
+    # bound at that path ("": none). `message` holds the engine's own message, and once the
+    # core has read them (`message_read`) the container's termination message too.
+    termination_message_path: str = ""
+    termination_message_policy: str = ""
+    termination_file: str = ""
+    message_read: bool = False
 
     @property
     def kind(self) -> Kind:
