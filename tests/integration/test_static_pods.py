@@ -108,6 +108,7 @@ def test_restart_policies(start_agent, manifests: Path, tmp_path: Path, backend:
     )
     write_pod(manifests, "never", pod_yaml("never", "exit 4", restart="Never"))
     write_pod(manifests, "always", pod_yaml("always", "sleep 0.2; exit 0", restart="Always"))
+    write_pod(manifests, "farewell", FAREWELL)
     agent = start_agent(*backend.flags)
 
     done = wait_for(
@@ -127,6 +128,7 @@ def test_restart_policies(start_agent, manifests: Path, tmp_path: Path, backend:
     assert st["restartCount"] == 0
     assert st["state"]["terminated"]["exitCode"] == 4
     assert st["state"]["terminated"]["reason"] == "Error"
+    _check_termination_messages(agent, tmp_path, backend)
 
     # Always restarts even a clean exit (the first restart is immediate, then back-off).
     always = wait_for(
@@ -137,6 +139,46 @@ def test_restart_policies(start_agent, manifests: Path, tmp_path: Path, backend:
     time.sleep(1.5)
     assert agent.pod("onfailure")["status"]["phase"] == "Succeeded"  # not restarted again
     assert container_state(agent.pod("never"))["restartCount"] == 0
+
+
+# terminationMessagePath (what an API server gives every container) and its policy: the file
+# the container writes becomes the message; FallbackToLogsOnError without one, the log's tail.
+FAREWELL = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: farewell}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: bye
+    image: busybox:test
+    terminationMessagePath: /dev/termination-log
+    command: ["/bin/sh", "-c", "printf bye > /dev/termination-log; exit 3"]
+  - name: tail
+    image: busybox:test
+    terminationMessagePath: /dev/termination-log
+    terminationMessagePolicy: FallbackToLogsOnError
+    command: ["/bin/sh", "-c", "for i in $(seq 100); do echo line $i; done; exit 1"]
+"""
+
+
+def _check_termination_messages(agent, tmp_path: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
+    pod = wait_for(
+        "farewell failed",
+        lambda: (p := agent.pod("farewell")) and p["status"]["phase"] == "Failed" and p,
+    )
+    states = {s["name"]: s["state"]["terminated"] for s in pod["status"]["containerStatuses"]}
+    assert states["bye"]["exitCode"] == 3 and states["bye"]["message"] == "bye", states
+    # The last 80 lines of the log (at most 2048 bytes).
+    tail = "".join(f"line {i}\n" for i in range(21, 101))
+    assert states["tail"]["exitCode"] == 1 and states["tail"]["message"] == tail, states
+    # Written in the file made for that start, in the kubelet's place.
+    files = list((tmp_path / "root" / "pods" / pod["metadata"]["uid"] / "containers").glob("*/*"))
+    assert sorted(f.read_bytes() for f in files) == [b"", b"bye"], files
+    if backend.name == "process":
+        # Its own mount namespace: the node's /dev was not written (at most an empty mount point).
+        node = Path("/dev/termination-log")
+        assert not node.exists() or node.stat().st_size == 0
 
 
 def test_crashing_container_backs_off(start_agent, manifests: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
