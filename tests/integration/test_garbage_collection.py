@@ -52,7 +52,12 @@ def test_dead_containers_beyond_the_last_one_are_collected(
 ) -> None:
     # Each instance prints its start, runs a little and fails: restarted at once, then after
     # 10 s of back-off (the kubelet's timing).
-    write_pod(manifests, "crash", pod_yaml("crash", "echo run; sleep 1; exit 1"))
+    write_pod(
+        manifests,
+        "crash",
+        pod_yaml("crash", "echo run; sleep 1; exit 1")
+        + "    terminationMessagePath: /dev/termination-log\n",
+    )
     agent = start_agent(*backend.flags, "--container-gc-period", "1s")
     pod = wait_for(
         "two restarts",
@@ -61,9 +66,16 @@ def test_dead_containers_beyond_the_last_one_are_collected(
     )
     uid = pod["metadata"]["uid"]
     # The newest dead instance is kept (--previous), older ones removed.
+    messages = tmp_path / "root" / "pods" / uid / "containers" / "main"
+    # Each instance's termination-log file goes with it.
     remaining = wait_for(
-        "the first instances removed",
-        lambda: (found := attempts(backend, tmp_path / "root", uid)) and 0 not in found and found,
+        "the first instances removed, with their termination-log files",
+        lambda: (
+            (found := attempts(backend, tmp_path / "root", uid))
+            and 0 not in found
+            and len(list(messages.iterdir())) == len(found)
+            and found
+        ),
     )
     assert len(remaining) <= 2, remaining
     assert wait_for("a log", lambda: agent.logs("crash", "main")) == "run\n"
