@@ -4,11 +4,12 @@ read once the process has exited (runtime/termination.py's rules).
 
 What it promises:
 - A process never writes the node's file at its terminationMessagePath: the bind makes the
-  container start through the launcher, in a mount namespace of its own, as any bind does (and
-  as root with CAP_SYS_ADMIN, refused otherwise as for any mount). An agent that is not root
-  and cannot make mount namespaces starts it without the bind: its processes run as its own
-  user, who cannot write the node's /dev, and the message stays empty (the log still serves
-  FallbackToLogsOnError).
+  container start through the launcher, in a mount namespace of its own, as any bind does. An
+  agent that is not root and cannot make mount namespaces starts it without the bind: its
+  processes run as its own user, who cannot write the node's /dev, and the message stays empty
+  (the log still serves FallbackToLogsOnError). An agent that is root without CAP_SYS_ADMIN
+  cannot start it (CreateContainerConfigError naming the field): its root processes would
+  write the node's file.
 - The host file to read is the first bound at the path, as the kubelet looks in the mounts.
 """
 
@@ -20,7 +21,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 
-from pykubelet.runtime.base import ContainerConfig
+from pykubelet.runtime.base import ContainerConfig, StartError
 from pykubelet.runtime.process.spawn import CAP_SYS_ADMIN, effective_capabilities
 from pykubelet.runtime.termination import (
     is_message_file,
@@ -45,7 +46,14 @@ def message_bind(config: ContainerConfig, pod_uid: str) -> tuple[ContainerConfig
         for m in config.mounts
         if m.container_path == path and is_message_file(m.host_path, pod_uid, config.name)
     ]
-    if ours and os.geteuid() != 0 and not effective_capabilities() >> CAP_SYS_ADMIN & 1:
+    if ours and not effective_capabilities() >> CAP_SYS_ADMIN & 1:
+        if os.geteuid() == 0:
+            raise StartError(
+                "CreateContainerConfigError",
+                f"terminationMessagePath {path}: the process runtime binds it in a mount "
+                "namespace per container, which needs CAP_SYS_ADMIN; this agent runs as root "
+                "without it, and its processes would write the node's file",
+            )
         _warn_once()
         # The file stays (empty): read at the exit, it says what no file would.
         kept = [m for m in config.mounts if m not in ours]
