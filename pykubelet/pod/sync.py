@@ -57,7 +57,7 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
     StartError,
 )
-from pykubelet.runtime.termination import create_message_file
+from pykubelet.runtime.termination import create_message_file, remove_message_file
 from pykubelet.status.generate import TERMINAL_PHASES, Waiting, compute_pod_status
 from pykubelet.status.manager import StatusManager
 
@@ -542,6 +542,7 @@ class PodSync:
             # The kubelet's makeMounts: a new file per start, bound last, read-write. A
             # manifest without the field (not defaulted by an API server) has none.
             message_path = spec.termination_message_path or ""
+            message_file = None
             if message_path:
                 message_file = await asyncio.to_thread(
                     create_message_file, self.volumes.pod_dir(pod.uid), spec.name
@@ -606,6 +607,9 @@ class PodSync:
         try:
             started = await self.runtime.start_container(pod, sandbox, config)
         except (StartError, RuntimeFailure) as failed:
+            if message_file is not None:
+                # No container holds it (a failed pull, say): each retry would leave one more.
+                await asyncio.to_thread(remove_message_file, message_file)
             # A runtime failure at a start (no space for its files, the engine gone) is the
             # kubelet's CreateContainerError: shown on the container, retried under back-off.
             exc = (

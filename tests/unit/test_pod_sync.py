@@ -125,3 +125,36 @@ async def test_deleted_api_pod_ends_in_a_terminal_phase(node: Node) -> None:
     static.metadata.deletion_timestamp = datetime.now(UTC)
     await sync.sync_terminating_pod("uid-static", static, 2)
     assert statuses.get("uid-static").phase == "Running"  # type: ignore[union-attr]
+
+
+def with_message_path(p: Pod, **fields: str) -> Pod:
+    p.spec.containers[0].termination_message_path = "/dev/termination-log"
+    for name, value in fields.items():
+        setattr(p.spec.containers[0], name, value)
+    return p
+
+
+async def test_the_termination_message_reaches_the_status(node: Node, tmp_path: Path) -> None:
+    runtime, sync, statuses = node.runtime, node.sync, node.statuses
+    farewell = with_message_path(pod("printf bye > /dev/termination-log; exit 3"))
+    farewell.spec.restart_policy = "Never"
+    await sync.sync_pod(UpdateType.CREATE, farewell)
+    await exited(runtime, 0)
+    await sync.sync_pod(UpdateType.SYNC, farewell)
+    status = statuses.get("uid-sync")
+    assert status is not None and status.container_statuses is not None
+    terminated = status.container_statuses[0].state.terminated
+    assert terminated is not None and terminated.exit_code == 3 and terminated.message == "bye"
+    files = list((tmp_path / "pods" / "uid-sync" / "containers" / "c").iterdir())
+    assert [f.read_bytes() for f in files] == [b"bye"]
+
+
+async def test_a_start_that_fails_leaves_no_message_file(node: Node, tmp_path: Path) -> None:
+    broken = with_message_path(pod("unused"))
+    broken.spec.containers[0].command = []  # the process runtime needs one
+    await node.sync.sync_pod(UpdateType.CREATE, broken)
+    status = node.statuses.get("uid-sync")
+    assert status is not None and status.container_statuses is not None
+    waiting = status.container_statuses[0].state.waiting
+    assert waiting is not None and waiting.reason == "CreateContainerConfigError"
+    assert list((tmp_path / "pods" / "uid-sync" / "containers" / "c").iterdir()) == []
