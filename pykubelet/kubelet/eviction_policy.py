@@ -11,8 +11,9 @@ pkg/kubelet/eviction/helpers.go and the state part of eviction_manager.go's sync
   `--eviction-soft-grace-period` for soft ones; memory before the others.
 - Pods are ranked as the kubelet ranks them: for memory, the pods using more than they
   request first, then by priority (lowest first), then by usage above the request; for disk,
-  the same with ephemeral storage (logs and local volumes); for pids, by priority then by the
-  number of processes.
+  the same with ephemeral storage (the kubelet's podDiskUsage: its containers' writable layers
+  and logs, and its local volumes: emptyDirs not in memory, configMaps; hostPaths have no
+  stats); for pids, by priority then by the number of processes.
 - The message of an eviction is the kubelet's: "The node was low on resource: memory.
   Threshold quantity: 100Mi, available: 42Mi. Container x was using 200Mi, request is 0, has
   larger consumption of memory. "
@@ -27,6 +28,7 @@ from functools import cmp_to_key
 from pykubelet.api.model import Pod
 from pykubelet.api.quantity import to_bytes
 from pykubelet.common.allocatable import Threshold
+from pykubelet.stats.types import PodStats
 
 # The kubelet's eviction Reason, and its messages (eviction/helpers.go).
 REASON = "Evicted"
@@ -194,9 +196,33 @@ class PodUsage:
 
     memory: int | None = None  # working set, bytes
     containers_memory: Mapping[str, int] = field(default_factory=dict)  # by container name
-    disk: int | None = None  # logs + local volumes, bytes
+    disk: int | None = None  # writable layers + logs + local volumes, bytes
     inodes: int | None = None
     processes: int | None = None
+
+
+def local_volume_names(pod: Pod) -> set[str]:
+    """The kubelet's localVolumeNames: the pod's volumes on the node's disk (hostPath, emptyDir
+    not in memory, configMap; its gitRepo has no pykubelet counterpart)."""
+    return {
+        v.name
+        for v in pod.spec.volumes or []
+        if v.host_path is not None
+        or (v.empty_dir is not None and v.empty_dir.medium != "Memory")
+        or v.config_map is not None
+    }
+
+
+def pod_disk_usage(pod: Pod, stats: PodStats) -> PodUsage:
+    """The kubelet's podDiskUsage over a sample: the containers' writable layers and logs, and
+    the pod's local volumes (bytes and inodes; what was not measured counts 0)."""
+    parts = [fs for c in stats.containers for fs in (c.rootfs, c.logs) if fs is not None]
+    local = local_volume_names(pod)
+    parts += [v.fs for v in stats.volumes if v.name in local]
+    return PodUsage(
+        disk=sum(p.used_bytes or 0 for p in parts),
+        inodes=sum(p.inodes_used or 0 for p in parts),
+    )
 
 
 def priority(pod: Pod) -> int:

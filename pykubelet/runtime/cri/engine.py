@@ -41,6 +41,7 @@ from pykubelet.runtime.base import (
     MAX_EXEC_OUTPUT,
     ContainerConfig,
     ContainerRunState,
+    ContainerStorage,
     ExecResult,
     ExecStream,
     LogRotationPolicy,
@@ -52,6 +53,7 @@ from pykubelet.runtime.base import (
     SandboxConfig,
     StartError,
 )
+from pykubelet.runtime.cri import stats
 from pykubelet.runtime.cri.client import CALL_TIMEOUT, CriClient, CriError, unix_socket_path
 from pykubelet.runtime.cri.convert import (
     LABEL_MANAGED,
@@ -497,6 +499,11 @@ class CriEngine:
 
     def image_store(self) -> CriImages:
         return CriImages(self._call, self._infra_image)
+
+    async def container_storage(
+        self, containers: list[ContainerEntry]
+    ) -> dict[str, ContainerStorage]:
+        return await stats.container_storage(self._call, containers)
 
     async def image_present(self, image: str) -> bool:
         reply = await self._image_status(image)
