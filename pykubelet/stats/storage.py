@@ -4,7 +4,8 @@
   less free blocks), and the runtime's `imageFs` where the runtime has images (the engine names
   the file system and what its images use; its totals are statvfs of that path);
 - per container, `rootfs` (the writable layer, as the engine measured it; its totals the image
-  file system's) and `logs` (the container's log files, measured here; totals the node's);
+  file system's) and `logs` (the container's log files, measured here: the files the runtime
+  names, or those directly in the directories it names; totals the node's);
 - per pod, its volumes (each directory under <root-dir>/pods/<uid>/volumes/<plugin>/<name>, with
   the volume's name) and the files the agent keeps for it there (etc-hosts, resolv.conf).
 
@@ -205,7 +206,7 @@ class StorageSampler:
                 at = _time(found.rootfs_at, now)
                 rootfs[id] = usage_on(image_totals, found.rootfs_bytes, found.rootfs_inodes, at)
             if found.log_paths:
-                used = disk_usage(Path(p) for p in found.log_paths)
+                used = disk_usage(_log_files(found.log_paths))
                 logs[id] = usage_on(node_fs, used.bytes, used.inodes, now)
         volumes: dict[str, tuple[VolumeStats, ...]] = {}
         pod_files: dict[str, FsStats] = {}
@@ -238,6 +239,18 @@ class StorageSampler:
                 used = disk_usage([path])
                 fs = usage_on(totals, used.bytes, used.inodes, now)
                 yield VolumeStats(name=entry.name, plugin=plugin.name, fs=fs)
+
+
+def _log_files(paths: Iterable[str]) -> list[Path]:
+    """The log files named, and those directly in the directories named (the kubelet's
+    fileMetricsByDir: the files, not the directory itself nor what is below it)."""
+    out: list[Path] = []
+    for path in paths:
+        if os.path.isdir(path):
+            out += _top_files(Path(path))
+        else:
+            out.append(Path(path))
+    return out
 
 
 def _top_files(pod_dir: Path) -> list[Path]:
