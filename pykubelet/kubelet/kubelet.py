@@ -199,6 +199,7 @@ class Kubelet:
             statuses,
             recorder,
             is_rejected=self._rejected.__contains__,
+            stats=stats,
         )
         self._container_gc = ContainerGC(
             runtime,

@@ -1,6 +1,7 @@
 """File systems in the stats sample (pykubelet/stats/storage.py): the collector over a real
 --root-dir in tmp_path and a runtime that reports writable layers, the Summary API's fs fields,
-and the eviction ranking by the kubelet's podDiskUsage (writable layers, logs, local volumes)."""
+the eviction ranking by the kubelet's podDiskUsage (writable layers, logs, local volumes), and
+the local-storage eviction for `limits.ephemeral-storage`."""
 
 from __future__ import annotations
 
@@ -9,8 +10,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pykubelet.api.model import Pod
-from pykubelet.kubelet.eviction_policy import PodUsage, pod_disk_usage, rank
+from pykubelet.api.model import Pod, PodStatus
+from pykubelet.common.events import EventRecorder
+from pykubelet.kubelet.eviction_policy import (
+    PodUsage,
+    pod_disk_usage,
+    rank,
+    storage_limit_message,
+)
+from pykubelet.kubelet.housekeeping import Housekeeping
+from pykubelet.kubelet.pod_store import PodStore
+from pykubelet.pod.volumes import Exceeded
+from pykubelet.pod.workers import UpdateType
 from pykubelet.runtime.base import (
     ContainerStorage,
     GcImage,
@@ -23,7 +34,9 @@ from pykubelet.runtime.base import (
 from pykubelet.server.stats import summary
 from pykubelet.stats.cgroupfs import CgroupFs
 from pykubelet.stats.collector import StatsCollector
-from pykubelet.stats.types import ContainerStats, FsStats, PodStats, VolumeStats
+from pykubelet.stats.types import ContainerStats, FsStats, NodeStats, PodStats, VolumeStats
+from pykubelet.status.manager import StatusManager
+from tests.fakes.runtime import FakeRuntime
 from tests.unit.test_stats import container, runtime_pod, v1_container, v1_tree
 
 MiB = 1 << 20
@@ -194,3 +207,117 @@ def test_the_disk_ranking_counts_writable_layers_logs_and_local_volumes() -> Non
     assert usage[local.uid].disk == 10 * MiB
     ranked = rank("ephemeral-storage", [local, logs, layer], usage)
     assert [p.metadata.name for p in ranked] == ["layer", "logs", "local"]
+
+
+# --- the kubelet's local-storage eviction for limits.ephemeral-storage ----------------------
+
+
+def _limited(name: str, limits: list[str | None], init: str | None = None) -> Pod:
+    def one(n: str, limit: str | None) -> dict[str, Any]:
+        resources = {"limits": {"ephemeral-storage": limit}} if limit else {}
+        return {"name": n, "image": "i", "resources": resources}
+
+    spec: dict[str, Any] = {"containers": [one(f"c{i}", x) for i, x in enumerate(limits)]}
+    if init is not None:
+        spec["initContainers"] = [one("setup", init)]
+    return Pod.model_validate(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+            "spec": spec,
+        }
+    )
+
+
+def _usage(pod: Pod, containers: dict[str, tuple[int, int]], total: int) -> PodStats:
+    stats = tuple(
+        ContainerStats(n, n, T0, None, None, rootfs=_fs(r), logs=_fs(lg))
+        for n, (r, lg) in containers.items()
+    )
+    return PodStats(pod.uid, pod.metadata.name, "default", T0, stats, None, None, (), _fs(total))
+
+
+def test_ephemeral_storage_limits_as_the_kubelets_local_storage_eviction() -> None:
+    pod = _limited("p", ["20Mi", "10Mi"])
+    # Each container within its own limit, the pod (volumes, etc-hosts too) above the sum.
+    under = {"c0": (15 * MiB, MiB), "c1": (5 * MiB, 0)}
+    assert storage_limit_message(pod, _usage(pod, under, 30 * MiB)) is None
+    assert storage_limit_message(pod, _usage(pod, under, 31 * MiB)) == (
+        "Pod ephemeral local storage usage exceeds the total limit of containers 30Mi. "
+    )
+    # A container's writable layer and logs above its own limit.
+    over = {"c0": (1 * MiB, 0), "c1": (9 * MiB, 2 * MiB)}
+    assert storage_limit_message(pod, _usage(pod, over, 12 * MiB)) == (
+        'Container c1 exceeded its local ephemeral storage limit "10Mi". '
+    )
+    # Without limits, nothing; an init container's larger limit is the pod's.
+    free = _limited("free", [None])
+    assert storage_limit_message(free, _usage(free, {"c0": (90 * MiB, 0)}, 99 * MiB)) is None
+    init = _limited("init", ["1Mi"], init="1Gi")
+    assert storage_limit_message(init, _usage(init, {}, 500 * MiB)) is None
+
+
+class _Latest:
+    def __init__(self, stats: NodeStats) -> None:
+        self.stats = stats
+
+    def latest(self) -> NodeStats | None:
+        return self.stats
+
+
+class _Volumes:
+    async def pod_uids(self) -> list[str]:
+        return []
+
+    async def teardown(self, uid: str) -> None:
+        return None
+
+    async def over_limit(self, pod: Pod) -> list[Exceeded]:
+        return []
+
+
+class _Workers:
+    def __init__(self) -> None:
+        self.killed: list[str] = []
+
+    def is_known(self, uid: str) -> bool:
+        return True
+
+    def forget_finished(self, desired: set[str]) -> None:
+        return None
+
+    def update_pod(self, update: UpdateType, pod: Pod | None, *args: Any, **kw: Any) -> None:
+        assert update is UpdateType.KILL and pod is not None
+        self.killed.append(pod.metadata.name)
+
+
+async def test_housekeeping_evicts_a_pod_above_its_ephemeral_storage_limit() -> None:
+    store, statuses, recorder, workers = PodStore(), StatusManager(), EventRecorder(), _Workers()
+    hog, fine = _limited("hog", ["10Mi", "10Mi"]), _limited("fine", ["10Mi"])
+    for pod in (hog, fine):
+        store.put(pod)
+        statuses.set(pod.uid, PodStatus(phase="Running"))
+    pods = (
+        _usage(hog, {"c0": (11 * MiB, 0), "c1": (0, 0)}, 12 * MiB),
+        _usage(fine, {"c0": (MiB, 0)}, MiB),
+    )
+    latest = _Latest(NodeStats("n", T0, T0, None, None, pods))
+    housekeeping = Housekeeping(
+        FakeRuntime(started=True),
+        store,
+        workers,
+        _Volumes(),
+        statuses,
+        recorder,
+        is_rejected=lambda uid: False,
+        stats=latest,
+    )
+    await housekeeping._evict_over_limit()
+    assert workers.killed == ["hog"]
+    status = statuses.get(hog.uid)
+    assert status is not None and (status.phase, status.reason) == ("Failed", "Evicted")
+    assert status.message == 'Container c0 exceeded its local ephemeral storage limit "10Mi". '
+    assert [e.reason for e in recorder.events()] == ["Evicted"]
+    fine_status = statuses.get(fine.uid)
+    assert fine_status is not None and fine_status.phase == "Running"
