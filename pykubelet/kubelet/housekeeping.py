@@ -4,10 +4,11 @@
   while a worker was busy) and forget workers whose pods are finished and gone;
 - in the background, one pass at a time so that config updates, runtime events and probes are
   never held up by a walk of a big emptyDir: remove the volumes of pods no source has, and
-  every 10 s the kubelet's local-storage eviction (Failed/Evicted with its message): a pod whose
-  emptyDir uses more than its sizeLimit, whose ephemeral storage is above the sum of its
-  containers' `limits.ephemeral-storage`, or one of whose containers' writable layer and logs
-  are above its own limit (those two from the stats collector's latest sample).
+  every `--eviction-monitoring-interval` (10 s) the kubelet's local-storage eviction
+  (Failed/Evicted with its message): a pod whose emptyDir uses more than its sizeLimit, whose
+  ephemeral storage is above the sum of its containers' `limits.ephemeral-storage`, or one of
+  whose containers' writable layer and logs are above its own limit (those two from the stats
+  collector's latest sample).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from pykubelet.status.manager import StatusManager
 
 log = logging.getLogger(__name__)
 
-# How often emptyDir usage is measured against sizeLimit (a walk of each limited volume).
+# How often emptyDir usage is measured against sizeLimit (a walk of each limited volume), and
+# the pods' ephemeral storage against their limits: the eviction manager's interval.
 EVICTION_PERIOD = 10.0
 
 

@@ -7,7 +7,11 @@ on the engines). The process runtime has no writable layer: its containers write
 own file system, so only the volume, the logs and the node's file system are there.
 
 `--housekeeping-interval=1s` makes the collector measure every second (containerd measures the
-layers every second too: scripts/containerd-test-env's stats_collect_period)."""
+layers every second too: scripts/containerd-test-env's stats_collect_period).
+
+The writable layer also counts against `limits.ephemeral-storage`: a container filling its
+layer past its limit has its pod evicted with the kubelet's message (docker only: the path is
+the same for the others, and each such test waits for an eviction)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.integration.agent import Agent, Backend, pod_yaml, wait_for, write_pod
 from tests.integration.test_kubelet_api import call
@@ -80,3 +86,28 @@ def test_the_summary_reports_writable_layers_logs_volumes_and_the_node_fs(
     else:
         assert "rootfs" not in main and "runtime" not in node
         assert ephemeral["usedBytes"] >= logs + volume["usedBytes"]
+
+
+@pytest.mark.parametrize(
+    "backend", [pytest.param("docker", marks=pytest.mark.docker)], indirect=True
+)
+def test_a_writable_layer_past_the_ephemeral_storage_limit_evicts_the_pod(
+    start_agent: Callable[..., Agent], manifests: Path, backend: Backend
+) -> None:
+    script = "dd if=/dev/zero of=/tmp/fill bs=1M count=20 2>/dev/null; " + backend.forever()
+    write_pod(
+        manifests,
+        "hog",
+        pod_yaml("hog", script, grace=1) + "    resources: {limits: {ephemeral-storage: 10Mi}}\n",
+    )
+    agent = start_agent(
+        *backend.flags, "--housekeeping-interval=1s", "--eviction-monitoring-interval=1s"
+    )
+    pod = wait_for(
+        "the pod evicted",
+        lambda: (p := agent.pod("hog")) and p["status"].get("reason") == "Evicted" and p,
+        timeout=40,
+    )
+    message = "Pod ephemeral local storage usage exceeds the total limit of containers 10Mi. "
+    assert pod["status"]["phase"] == "Failed" and pod["status"]["message"] == message
+    assert any(e["reason"] == "Evicted" for e in agent.events())
