@@ -74,7 +74,7 @@ class InstrumentedRuntime:
         self, containers: list[RuntimeContainer]
     ) -> dict[str, ContainerStorage]:
         return await self._count(
-            "container_storage", lambda: self.inner.container_storage(containers)
+            "list_container_stats", lambda: self.inner.container_storage(containers)
         )
 
     async def get_pod(self, uid: str) -> RuntimePod | None:
