@@ -329,8 +329,10 @@ def _pod_stats(
     start = pod.sandbox.created_at if pod.sandbox is not None else min(starts)
     volumes: tuple[VolumeStats, ...] = ()
     ephemeral = None
-    if storage is not None:
-        volumes = storage.volumes.get(pod.uid, ())
+    # A pod that started after the last storage measurement has none yet (None, not 0: eviction
+    # then measures it itself).
+    if storage is not None and pod.uid in storage.volumes:
+        volumes = storage.volumes[pod.uid]
         files = storage.pod_files.get(pod.uid)
         others = [files] if files is not None else []
         ephemeral = ephemeral_storage(containers, volumes, others, storage.node_fs)

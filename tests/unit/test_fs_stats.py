@@ -130,6 +130,12 @@ async def test_the_sample_has_the_nodes_pods_and_containers_file_systems(tmp_pat
     rootfs = again.pods[0].containers[0].rootfs
     assert engine.asked == 2 and rootfs is not None and rootfs.used_bytes == 30 * MiB
 
+    # A pod started since the last measurement has none yet (not 0: eviction measures it).
+    v1_container(proc, cg, 43, "/kubepods/c2", "/kubepods/c2")
+    engine.pods.append(runtime_pod(container(43, cid="c2", pod_uid="u2"), uid="u2", name="new"))
+    between = await collector.sample(storage=False)
+    assert [p.ephemeral_storage is None for p in between.pods] == [False, True]
+
     body = summary(again)
     node = body["node"]
     assert set(node["fs"]) >= {"availableBytes", "capacityBytes", "usedBytes", "time"}
