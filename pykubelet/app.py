@@ -258,7 +258,13 @@ async def run_agent(opts: Options) -> int:
         connection = ApiConnection(opts.kubeconfig, opts.node_name)
         objects = ApiObjectLookup(connection)
         services = ServiceWatch()  # the service variables' Services
-    stats = StatsCollector(runtime, opts.node_name)
+    stats = StatsCollector(
+        runtime,
+        opts.node_name,
+        opts.housekeeping_interval,
+        root_dir=opts.root_dir,
+        storage=runtime,
+    )
     kubelet = Kubelet(
         opts,
         runtime,

@@ -202,6 +202,13 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
         help="how often the eviction signals are observed (10s, the kubelet's housekeeping)",
     )
     group.add_argument(
+        "--housekeeping-interval",
+        type=_duration,
+        default=10.0,
+        metavar="DURATION",
+        help="how often resource usage is sampled: CPU, memory, file systems (10s, cAdvisor's)",
+    )
+    group.add_argument(
         "--enforce-node-allocatable",
         type=_list,
         default=["pods"],
@@ -714,6 +721,7 @@ def _node_allocatable(parser: argparse.ArgumentParser, ns: argparse.Namespace) -
         "eviction_max_pod_grace_period": ns.eviction_max_pod_grace_period,
         "eviction_pressure_transition_period": ns.eviction_pressure_transition_period,
         "eviction_monitoring_interval": ns.eviction_monitoring_interval,
+        "housekeeping_interval": ns.housekeeping_interval,
     }
     parsers: dict[str, Callable[[dict[str, str]], Any]] = {
         "kube_reserved": node_resources.parse_reserved,

@@ -155,6 +155,8 @@ class Options:
     eviction_minimum_reclaim: dict[str, Threshold] = field(default_factory=dict)
     eviction_pressure_transition_period: float = 300.0
     eviction_monitoring_interval: float = 10.0
+    # How often the stats collector samples (cAdvisor's flag, which the kubelet keeps).
+    housekeeping_interval: float = 10.0
     log_format: str = "text"
     verbosity: int = 0
 
@@ -374,6 +376,8 @@ class Options:
             out.append("--eviction-pressure-transition-period: must not be negative")
         if self.eviction_monitoring_interval <= 0:
             out.append("--eviction-monitoring-interval: must be greater than 0")
+        if self.housekeeping_interval <= 0:
+            out.append("--housekeeping-interval: must be greater than 0")
         return out
 
     def _node_allocatable_problems(self) -> list[str]:

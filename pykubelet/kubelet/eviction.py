@@ -6,6 +6,9 @@ held for its grace period, reclaims what the node can and otherwise evicts one p
   latest is younger than an interval (the kubelet asks its summary provider to update its
   stats), the file-system and pid signals read in a
   thread (`eviction_signals`). What cannot be observed meets no threshold.
+- A pod's ephemeral storage, for the disk ranking, is the collector's (a fresh storage sample:
+  writable layers, logs, local volumes, as the kubelet's podDiskUsage); a pod with no running
+  container (not in the sample) is measured by its directories under --root-dir.
 - The decisions are `eviction_policy`'s: thresholds met (minimum reclaim), grace periods, the
   transition period of the conditions, the ranking and the messages.
 - Reclaim first: for a disk signal, the exited instances of each container beyond the latest
@@ -53,6 +56,7 @@ from pykubelet.kubelet.eviction_policy import (
     admit_message,
     eviction_message,
     is_critical,
+    pod_disk_usage,
     rank,
     thresholds_met,
 )
@@ -88,7 +92,7 @@ class Sampler(Protocol):
 
     def latest(self) -> NodeStats | None: ...
 
-    async def sample(self) -> NodeStats: ...
+    async def sample(self, *, storage: bool | None = None) -> NodeStats: ...
 
 
 class RuntimeView(Protocol):
@@ -332,11 +336,19 @@ class EvictionManager:
             wanted = {p.uid: roots.get(p.uid, []) for p in pods}
             counts = await asyncio.to_thread(process_counts, wanted)
             return {uid: PodUsage(processes=n) for uid, n in counts.items()}
-        uids = [p.uid for p in pods]
-        measured = await asyncio.to_thread(self._disk_usage, uids)
-        return {
-            uid: PodUsage(disk=used.bytes, inodes=used.inodes) for uid, used in measured.items()
-        }
+        out = {}
+        if self._sampler is not None:
+            # A fresh storage sample (the engines measure the writable layers): ranking happens
+            # only under disk pressure, and what an eviction freed must show.
+            fresh = await self._sampler.sample(storage=True)
+            by_uid = {p.uid: p for p in fresh.pods if p.ephemeral_storage is not None}
+            out = {p.uid: pod_disk_usage(p, by_uid[p.uid]) for p in pods if p.uid in by_uid}
+        # A pod with no container running is not in the sample: its directories are measured.
+        rest = [p.uid for p in pods if p.uid not in out]
+        measured = await asyncio.to_thread(self._disk_usage, rest) if rest else {}
+        for uid, used in measured.items():
+            out[uid] = PodUsage(disk=used.bytes, inodes=used.inodes)
+        return out
 
     def _disk_usage(self, uids: list[str]) -> dict[str, Any]:
         return {uid: disk_usage(pod_paths(self._root_dir, uid)) for uid in uids}

@@ -11,8 +11,9 @@ pkg/kubelet/eviction/helpers.go and the state part of eviction_manager.go's sync
   `--eviction-soft-grace-period` for soft ones; memory before the others.
 - Pods are ranked as the kubelet ranks them: for memory, the pods using more than they
   request first, then by priority (lowest first), then by usage above the request; for disk,
-  the same with ephemeral storage (logs and local volumes); for pids, by priority then by the
-  number of processes.
+  the same with ephemeral storage (the kubelet's podDiskUsage: its containers' writable layers
+  and logs, and its local volumes: emptyDirs not in memory, configMaps; hostPaths have no
+  stats); for pids, by priority then by the number of processes.
 - The message of an eviction is the kubelet's: "The node was low on resource: memory.
   Threshold quantity: 100Mi, available: 42Mi. Container x was using 200Mi, request is 0, has
   larger consumption of memory. "
@@ -27,6 +28,7 @@ from functools import cmp_to_key
 from pykubelet.api.model import Pod
 from pykubelet.api.quantity import to_bytes
 from pykubelet.common.allocatable import Threshold
+from pykubelet.stats.types import FsStats, PodStats
 
 # The kubelet's eviction Reason, and its messages (eviction/helpers.go).
 REASON = "Evicted"
@@ -34,6 +36,8 @@ NODE_LOW_MESSAGE = "The node was low on resource: {}. "
 THRESHOLD_MET_MESSAGE = "Threshold quantity: {}, available: {}. "
 CONTAINER_MESSAGE = "Container {} was using {}, request is {}, has larger consumption of {}. "
 NODE_CONDITION_MESSAGE = "The node had condition: [{}]. "
+POD_STORAGE_MESSAGE = "Pod ephemeral local storage usage exceeds the total limit of containers {}. "
+CONTAINER_STORAGE_MESSAGE = 'Container {} exceeded its local ephemeral storage limit "{}". '
 
 MEMORY_PRESSURE = "MemoryPressure"
 DISK_PRESSURE = "DiskPressure"
@@ -194,9 +198,69 @@ class PodUsage:
 
     memory: int | None = None  # working set, bytes
     containers_memory: Mapping[str, int] = field(default_factory=dict)  # by container name
-    disk: int | None = None  # logs + local volumes, bytes
+    disk: int | None = None  # writable layers + logs + local volumes, bytes
     inodes: int | None = None
     processes: int | None = None
+
+
+def local_volume_names(pod: Pod) -> set[str]:
+    """The kubelet's localVolumeNames: the pod's volumes on the node's disk (hostPath, emptyDir
+    not in memory, configMap; its gitRepo has no pykubelet counterpart)."""
+    return {
+        v.name
+        for v in pod.spec.volumes or []
+        if v.host_path is not None
+        or (v.empty_dir is not None and v.empty_dir.medium != "Memory")
+        or v.config_map is not None
+    }
+
+
+def pod_disk_usage(pod: Pod, stats: PodStats) -> PodUsage:
+    """The kubelet's podDiskUsage over a sample: the containers' writable layers and logs, and
+    the pod's local volumes (bytes and inodes; what was not measured counts 0)."""
+    parts = [fs for c in stats.containers for fs in (c.rootfs, c.logs) if fs is not None]
+    local = local_volume_names(pod)
+    parts += [v.fs for v in stats.volumes if v.name in local]
+    return PodUsage(
+        disk=sum(p.used_bytes or 0 for p in parts),
+        inodes=sum(p.inodes_used or 0 for p in parts),
+    )
+
+
+def _used(fs: FsStats | None) -> int:
+    return fs.used_bytes or 0 if fs is not None else 0
+
+
+def storage_limit_message(pod: Pod, stats: PodStats) -> str | None:
+    """Why the kubelet's local-storage eviction evicts the pod for its ephemeral-storage
+    limits, or None: the pod's ephemeral storage (all of it, as the Summary API sums it) above
+    the sum of its containers' limits (an init container's alone where larger, as PodLimits),
+    else a container's writable layer and logs above its own limit (the image file system is
+    the node's here, so the layer counts)."""
+    limits = [
+        (c.name, raw)
+        for c in pod.spec.containers
+        if (raw := c.resources.limits.get("ephemeral-storage")) is not None
+    ]
+    init = [
+        raw
+        for c in pod.spec.init_containers
+        if (raw := c.resources.limits.get("ephemeral-storage")) is not None
+    ]
+    if limits or init:
+        total = sum(to_bytes(raw) for _, raw in limits)
+        text = str(limits[0][1]) if len(limits) == 1 else format_amount("ephemeral-storage", total)
+        for raw in init:
+            if to_bytes(raw) > total:
+                total, text = to_bytes(raw), str(raw)
+        if _used(stats.ephemeral_storage) > total:
+            return POD_STORAGE_MESSAGE.format(text)
+    by_name = {name: raw for name, raw in limits if to_bytes(raw) != 0}
+    for container in stats.containers:
+        raw = by_name.get(container.name)
+        if raw is not None and _used(container.logs) + _used(container.rootfs) > to_bytes(raw):
+            return CONTAINER_STORAGE_MESSAGE.format(container.name, raw)
+    return None
 
 
 def priority(pod: Pod) -> int:

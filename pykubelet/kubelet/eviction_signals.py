@@ -20,11 +20,13 @@ makeSignalObservations over its summary:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 from pykubelet.kubelet.eviction_policy import Observation
+from pykubelet.stats.storage import DiskUsage, disk_usage
+
+__all__ = ["DiskUsage", "disk_usage", "fs_observations", "pid_observation", "pod_paths"]
 
 FS_SIGNALS = ("nodefs", "imagefs")
 
@@ -51,42 +53,6 @@ def pid_observation(proc: Path = Path("/proc")) -> Observation:
     limit = min(limits) if limits else 32768
     running = int((proc / "loadavg").read_text().split()[3].split("/")[1])
     return Observation(max(0, limit - running), limit)
-
-
-@dataclass(frozen=True)
-class DiskUsage:
-    bytes: int
-    inodes: int
-
-
-def disk_usage(paths: Iterable[Path]) -> DiskUsage:
-    """The blocks and inodes under `paths`, not crossing into other file systems and counting
-    a hard-linked file once."""
-    used = inodes = 0
-    seen: set[tuple[int, int]] = set()
-    for top in paths:
-        try:
-            device = top.lstat().st_dev
-        except OSError:
-            continue
-        todo = [top]
-        while todo:
-            current = todo.pop()
-            try:
-                st = current.lstat()
-            except OSError:
-                continue  # removed while walked
-            if st.st_dev != device or (st.st_dev, st.st_ino) in seen:
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            used += st.st_blocks * 512
-            inodes += 1
-            if current.is_dir() and not current.is_symlink():
-                try:
-                    todo.extend(current.iterdir())
-                except OSError:
-                    continue
-    return DiskUsage(used, inodes)
 
 
 def pod_paths(root_dir: Path, uid: str) -> list[Path]:

@@ -4,8 +4,11 @@
   while a worker was busy) and forget workers whose pods are finished and gone;
 - in the background, one pass at a time so that config updates, runtime events and probes are
   never held up by a walk of a big emptyDir: remove the volumes of pods no source has, and
-  every 10 s evict the pods whose emptyDir uses more than its sizeLimit (the kubelet's
-  local-storage eviction: Failed/Evicted with its message).
+  every `--eviction-monitoring-interval` (10 s) the kubelet's local-storage eviction
+  (Failed/Evicted with its message): a pod whose emptyDir uses more than its sizeLimit, whose
+  ephemeral storage is above the sum of its containers' `limits.ephemeral-storage`, or one of
+  whose containers' writable layer and logs are above its own limit (those two from the stats
+  collector's latest sample).
 """
 
 from __future__ import annotations
@@ -18,16 +21,19 @@ from typing import Protocol
 
 from pykubelet.api.model import Pod
 from pykubelet.common.events import EventRecorder, ObjectRef
+from pykubelet.kubelet.eviction_policy import storage_limit_message
 from pykubelet.kubelet.pod_store import PodView
 from pykubelet.pod.volumes import Exceeded
 from pykubelet.pod.workers import UpdateType
 from pykubelet.runtime.base import RuntimePod
+from pykubelet.stats.types import NodeStats
 from pykubelet.status.generate import TERMINAL_PHASES
 from pykubelet.status.manager import StatusManager
 
 log = logging.getLogger(__name__)
 
-# How often emptyDir usage is measured against sizeLimit (a walk of each limited volume).
+# How often emptyDir usage is measured against sizeLimit (a walk of each limited volume), and
+# the pods' ephemeral storage against their limits: the eviction manager's interval.
 EVICTION_PERIOD = 10.0
 
 
@@ -51,6 +57,10 @@ class Workers(Protocol):
     ) -> None: ...
 
 
+class LatestStats(Protocol):
+    def latest(self) -> NodeStats | None: ...
+
+
 class PodVolumes(Protocol):
     async def pod_uids(self) -> list[str]: ...
 
@@ -70,7 +80,9 @@ class Housekeeping:
         recorder: EventRecorder,
         is_rejected: Callable[[str], bool],
         eviction_period: float = EVICTION_PERIOD,
+        stats: LatestStats | None = None,
     ) -> None:
+        self._stats = stats
         self._runtime = runtime
         self._pods = pods
         self._workers = workers
@@ -119,24 +131,34 @@ class Housekeeping:
             log.exception("volume housekeeping failed; retrying at the next housekeeping")
 
     async def _evict_over_limit(self) -> None:
-        """An emptyDir past its sizeLimit fails its pod, as the kubelet's eviction manager."""
+        """An emptyDir past its sizeLimit, or a pod or container past its ephemeral-storage
+        limit, fails its pod, as the kubelet's eviction manager."""
+        latest = self._stats.latest() if self._stats is not None else None
+        sampled = {p.uid: p for p in latest.pods} if latest is not None else {}
         for pod in self._pods:
             uid = pod.uid
-            if self._is_rejected(uid) or not any(
-                v.empty_dir is not None and v.empty_dir.size_limit is not None
-                for v in pod.spec.volumes or []
-            ):
+            if self._is_rejected(uid):
                 continue
             status = self._statuses.get(uid)
             if status is None or status.phase in TERMINAL_PHASES:
                 continue
-            exceeded = await self._volumes.over_limit(pod)
-            if not exceeded:
+            message = None
+            if any(
+                v.empty_dir is not None and v.empty_dir.size_limit is not None
+                for v in pod.spec.volumes or []
+            ):
+                exceeded = await self._volumes.over_limit(pod)
+                if exceeded:
+                    first = exceeded[0]
+                    message = (
+                        f'Usage of EmptyDir volume "{first.volume}" exceeds the limit '
+                        f'"{first.limit}".'
+                    )
+            found = sampled.get(uid)
+            if message is None and found is not None and found.ephemeral_storage is not None:
+                message = storage_limit_message(pod, found)
+            if message is None:
                 continue
-            first = exceeded[0]
-            message = (
-                f'Usage of EmptyDir volume "{first.volume}" exceeds the limit "{first.limit}".'
-            )
             log.warning("evicting pod %s: %s", pod.key, message)
             self._recorder.record(
                 "Warning",

@@ -199,6 +199,10 @@ class Kubelet:
             statuses,
             recorder,
             is_rejected=self._rejected.__contains__,
+            # The kubelet's local-storage eviction runs in each of its eviction manager's
+            # synchronizations: every monitoring interval.
+            eviction_period=options.eviction_monitoring_interval,
+            stats=stats,
         )
         self._container_gc = ContainerGC(
             runtime,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,19 @@ class Result(Enum):
 
 # What a probe reports before its first run, as in the kubelet.
 INITIAL = {"liveness": Result.SUCCESS, "readiness": Result.FAILURE, "startup": Result.UNKNOWN}
+
+
+def first_probe_after(kind: str, probe: Probe) -> float:
+    """Seconds from the container's start to its first probe of `kind`, as the kubelet's worker
+    (prober/worker.go) runs them: on a ticker of periodSeconds started with the container, the
+    ticks before initialDelaySeconds skipped; only a readiness probe is also run at once when
+    the container starts (the status manager's manual trigger), so a liveness or startup probe
+    never hits a server in the instant before it listens."""
+    delay = float(probe.initial_delay_seconds)
+    if kind == "readiness":
+        return delay
+    period = float(max(probe.period_seconds, 1))
+    return period * max(1, math.ceil(delay / period))
 
 
 @dataclass
@@ -156,7 +170,9 @@ class ProbeManager:
             return
         started = instance.started_at.timestamp() if instance.started_at else time.time()
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.sleep(max(0.0, started + probe.initial_delay_seconds - time.time()))
+            await asyncio.sleep(
+                max(0.0, started + first_probe_after(worker.kind, probe) - time.time())
+            )
             successes = failures = 0
             ref = ObjectRef(
                 "Pod",

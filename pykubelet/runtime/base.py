@@ -455,6 +455,33 @@ class ImageFsUsage:
     available_bytes: int
 
 
+@dataclass(frozen=True)
+class ImageFsStats:
+    """What the engine says of the file system it keeps its images on (the Summary API's
+    `runtime.imageFs`): where it is, and what its images use of it; the file system's totals
+    are measured by the stats collector (statvfs of `path`)."""
+
+    path: str
+    used_bytes: int | None = None
+    inodes_used: int | None = None
+    at: float | None = None  # when the engine measured it (Unix time); None: now
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerStorage:
+    """What one container keeps on disk, as its runtime knows it; the stats collector measures
+    the log files itself (in a thread). `rootfs_*` is the writable layer as the engine measured
+    it (None: not known, or the runtime has none: the process runtime's containers write to the
+    host's own file system)."""
+
+    rootfs_bytes: int | None = None
+    rootfs_inodes: int | None = None
+    rootfs_at: float | None = None  # when the engine measured it (Unix time); None: now
+    # The container's log files, or the directories holding them (every attempt of the
+    # container, as the kubelet measures <pod log dir>/<container>/).
+    log_paths: tuple[str, ...] = ()
+
+
 class ImageService(Protocol):
     """The engine's images (the CRI's ImageService, the Docker API's /images), for image GC."""
 
@@ -464,6 +491,11 @@ class ImageService(Protocol):
         """Remove it (every tag of it); RuntimeFailure saying why it could not be."""
 
     async def image_fs_usage(self) -> ImageFsUsage: ...
+
+    async def image_fs_stats(self) -> ImageFsStats:
+        """Where the images are and what they use (the Summary API's imageFs); RuntimeFailure
+        if the engine cannot say."""
+        ...
 
 
 class Runtime(Protocol):
@@ -491,6 +523,15 @@ class Runtime(Protocol):
 
     async def list_pods(self) -> list[RuntimePod]:
         """Every pod this agent created that the runtime still has, running or not."""
+
+    async def container_storage(
+        self, containers: list[RuntimeContainer]
+    ) -> dict[str, ContainerStorage]:
+        """By container ID, what each of `containers` keeps on disk (its writable layer as the
+        engine measures it, where its logs are). Expensive on the engines (a writable layer is
+        walked): the stats collector asks once per period. A container the runtime no longer
+        has is left out; RuntimeFailure if the runtime cannot be asked."""
+        ...
 
     async def get_pod(self, uid: str) -> RuntimePod | None: ...
 

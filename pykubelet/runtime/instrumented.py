@@ -12,6 +12,7 @@ from pykubelet.runtime.base import (
     NO_LOG_TIMES,
     ChangeListener,
     ContainerConfig,
+    ContainerStorage,
     ExecResult,
     ExecStream,
     ImageService,
@@ -68,6 +69,13 @@ class InstrumentedRuntime:
 
     async def list_pods(self) -> list[RuntimePod]:
         return await self._count("list_pods", self.inner.list_pods)
+
+    async def container_storage(
+        self, containers: list[RuntimeContainer]
+    ) -> dict[str, ContainerStorage]:
+        return await self._count(
+            "list_container_stats", lambda: self.inner.container_storage(containers)
+        )
 
     async def get_pod(self, uid: str) -> RuntimePod | None:
         return await self._count("get_pod", lambda: self.inner.get_pod(uid))

@@ -8,8 +8,9 @@ GET /metrics/resource   Prometheus text, as the kubelet writes it (what metrics-
                         pod), resource_scrape_error and scrape_error; each sample carries the
                         time it was read (milliseconds), the start times none
 GET /stats/summary      the Summary API (stats/v1alpha1): the node's and each pod's and
-                        container's CPU and memory (`only_cpu_and_memory` is accepted: nothing
-                        else is collected)
+                        container's CPU and memory; the node's `fs` and `runtime.imageFs`, each
+                        pod's `volume` list and `ephemeral-storage`, each container's `rootfs`
+                        and `logs` (`only_cpu_and_memory=true` leaves the file systems out)
 
 As the kubelet's: families sorted by name, labels by name, values as Go formats a float64
 (`1.5407e+09`), HELP texts with the stability level; a sample that failed (the runtime could not
@@ -32,6 +33,7 @@ from pykubelet.server.errors import status_response
 from pykubelet.stats.types import (
     ContainerStats,
     CpuUsage,
+    FsStats,
     MemoryUsage,
     NodeStats,
     PodStats,
@@ -210,40 +212,67 @@ def _memory(memory: MemoryUsage | None) -> Obj | None:
     )
 
 
-def _container(c: ContainerStats) -> Obj:
+def _fs(fs: FsStats | None) -> Obj | None:
+    if fs is None:
+        return None
+    return _drop_none(
+        {
+            "time": _rfc3339(fs.time),
+            "availableBytes": fs.available_bytes,
+            "capacityBytes": fs.capacity_bytes,
+            "usedBytes": fs.used_bytes,
+            "inodesFree": fs.inodes_free,
+            "inodes": fs.inodes,
+            "inodesUsed": fs.inodes_used,
+        }
+    )
+
+
+def _container(c: ContainerStats, with_fs: bool) -> Obj:
     return _drop_none(
         {
             "name": c.name,
             "startTime": _rfc3339(c.start_time),
             "cpu": _cpu(c.cpu),
             "memory": _memory(c.memory),
+            "rootfs": _fs(c.rootfs) if with_fs else None,
+            "logs": _fs(c.logs) if with_fs else None,
         }
     )
 
 
-def _pod(pod: PodStats) -> Obj:
+def _pod(pod: PodStats, with_fs: bool) -> Obj:
+    # VolumeStats embeds FsStats (inline), then the volume's name.
+    volumes = [{**(_fs(v.fs) or {}), "name": v.name} for v in pod.volumes]
     return _drop_none(
         {
             "podRef": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid},
             "startTime": _rfc3339(pod.start_time),
-            "containers": [_container(c) for c in pod.containers],
+            "containers": [_container(c, with_fs) for c in pod.containers],
             "cpu": _cpu(pod.cpu),
             "memory": _memory(pod.memory),
+            "volume": volumes if with_fs and volumes else None,
+            "ephemeral-storage": _fs(pod.ephemeral_storage) if with_fs else None,
         }
     )
 
 
-def summary(stats: NodeStats) -> Obj:
-    """The Summary API object (stats/v1alpha1 `Summary`) of a sample."""
+def summary(stats: NodeStats, only_cpu_and_memory: bool = False) -> Obj:
+    """The Summary API object (stats/v1alpha1 `Summary`) of a sample; `only_cpu_and_memory`
+    leaves out what is not CPU or memory, as the kubelet's `only_cpu_and_memory=true`."""
+    with_fs = not only_cpu_and_memory
+    image_fs = _fs(stats.image_fs) if with_fs else None
     node = _drop_none(
         {
             "nodeName": stats.node_name,
             "startTime": _rfc3339(stats.start_time),
             "cpu": _cpu(stats.cpu),
             "memory": _memory(stats.memory),
+            "fs": _fs(stats.fs) if with_fs else None,
+            "runtime": {"imageFs": image_fs} if image_fs is not None else None,
         }
     )
-    return {"node": node, "pods": [_pod(p) for p in stats.pods]}
+    return {"node": node, "pods": [_pod(p, with_fs) for p in stats.pods]}
 
 
 def add_stats_routes(app: web.Application, stats: StatsView) -> None:
@@ -263,8 +292,9 @@ def add_stats_routes(app: web.Application, stats: StatsView) -> None:
             return status_response(
                 500, "InternalError", "failed to get stats: " + "; ".join(latest.errors)
             )
+        only = request.query.get("only_cpu_and_memory", "").lower() == "true"
         return web.Response(
-            text=json.dumps(summary(latest), separators=(",", ":")),
+            text=json.dumps(summary(latest, only), separators=(",", ":")),
             content_type="application/json",
         )
 

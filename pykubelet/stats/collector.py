@@ -15,27 +15,37 @@ each running container the runtime reports, and keeps the latest sample for its 
   10 s), dropped when the pod is no longer sampled.
 - A pod's usage is the sum of its running containers' (the kubelet reads the pod's cgroup; the
   difference is the pause container and processes outside any container).
+- File systems (given a root dir and a storage source: `storage.py`): the node's, the image
+  file system, each container's writable layer and logs, each pod's volumes, and the pod's
+  ephemeral storage (the kubelet's calcEphemeralStorage: its containers' writable layers and
+  logs, its volumes, the files kept for it). Measured once per period, not per sample: a sample
+  in between (eviction's) carries the last measurement; `sample(storage=True)` measures now.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Protocol
 
 from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod
 from pykubelet.stats.cgroupfs import CgroupFs, Reading
+from pykubelet.stats.storage import StorageReading, StorageSampler, StorageSource, usage_on
 from pykubelet.stats.types import (
     ContainerStats,
     CpuUsage,
+    FsStats,
     MemoryUsage,
     NodeStats,
     PodStats,
     UsagePoint,
+    VolumeStats,
 )
 
 log = logging.getLogger(__name__)
@@ -70,8 +80,16 @@ class StatsCollector:
         node_name: str,
         period: float = DEFAULT_PERIOD,
         fs: CgroupFs | None = None,
+        *,
+        root_dir: Path | None = None,
+        storage: StorageSource | None = None,
     ) -> None:
         self._runtime = runtime
+        self._storage = (
+            StorageSampler(root_dir, storage, period)
+            if root_dir is not None and storage is not None
+            else None
+        )
         self.node_name = node_name
         self.period = period
         self._fs = fs if fs is not None else CgroupFs()
@@ -113,12 +131,23 @@ class StatsCollector:
                 log.exception("resource usage sample failed")
             await asyncio.sleep(max(0.0, self.period - (loop.time() - started)))
 
-    async def sample(self) -> NodeStats:
-        """Take one sample now, keep it as the latest and return it."""
+    async def sample(self, *, storage: bool | None = None) -> NodeStats:
+        """Take one sample now, keep it as the latest and return it. `storage`: measure the
+        file systems now (True), never (False: the last measurement), or when due (None)."""
         async with self._lock:
-            return await self._sample()
+            return await self._sample(storage)
 
-    async def _sample(self) -> NodeStats:
+    async def _storage_reading(
+        self, containers: list[RuntimeContainer], wanted: bool | None
+    ) -> StorageReading | None:
+        sampler = self._storage
+        if sampler is None:
+            return None
+        if wanted or (wanted is None and sampler.due(time.time())) or sampler.latest is None:
+            return await sampler.sample(containers)
+        return sampler.latest
+
+    async def _sample(self, wanted_storage: bool | None = None) -> NodeStats:
         errors: list[str] = []
         try:
             pods = await self._runtime.list_pods()
@@ -132,10 +161,13 @@ class StatsCollector:
             if c.state is ContainerRunState.RUNNING and c.pid is not None
         ]
         pids = [c.pid for _, c in targets if c.pid is not None]
+        storage = await self._storage_reading([c for _, c in targets], wanted_storage)
         node, readings, boot, problem = await asyncio.to_thread(self._read, pids)
         if problem:
             errors.append(problem)
-        cpu, memory, pod_stats = self._build(node, list(zip(targets, readings, strict=True)))
+        cpu, memory, pod_stats = self._build(
+            node, list(zip(targets, readings, strict=True)), storage
+        )
         at = node.at if node is not None else max((r.at for r in readings if r), default=0.0)
         stats = NodeStats(
             node_name=self.node_name,
@@ -144,6 +176,8 @@ class StatsCollector:
             cpu=cpu,
             memory=memory,
             pods=pod_stats,
+            fs=storage.node_fs if storage is not None else None,
+            image_fs=storage.image_fs if storage is not None else None,
             errors=tuple(errors),
         )
         if errors and not self._failing:
@@ -217,6 +251,7 @@ class StatsCollector:
         self,
         node: Reading | None,
         readings: list[tuple[tuple[RuntimePod, RuntimeContainer], Reading | None]],
+        storage: StorageReading | None = None,
     ) -> tuple[CpuUsage | None, MemoryUsage | None, tuple[PodStats, ...]]:
         seen: set[str] = {""}
         node_cpu = self._cpu("", node) if node is not None else None
@@ -232,15 +267,44 @@ class StatsCollector:
                 start_time=container.started_at or container.created_at,
                 cpu=self._cpu(container.id, reading),
                 memory=self._memory(reading),
+                rootfs=storage.rootfs.get(container.id) if storage is not None else None,
+                logs=storage.logs.get(container.id) if storage is not None else None,
             )
             by_pod.setdefault(pod.uid, (pod, []))[1].append(stats)
         for gone in set(self._last) - seen:
             del self._last[gone]
-        pods = tuple(_pod_stats(pod, containers) for pod, containers in by_pod.values())
+        pods = tuple(_pod_stats(pod, containers, storage) for pod, containers in by_pod.values())
         return node_cpu, node_memory, pods
 
 
-def _pod_stats(pod: RuntimePod, containers: list[ContainerStats]) -> PodStats:
+def ephemeral_storage(
+    containers: Iterable[ContainerStats],
+    volumes: Iterable[VolumeStats],
+    others: Iterable[FsStats],
+    totals: FsStats | None,
+) -> FsStats:
+    """The kubelet's calcEphemeralStorage: the sum of the containers' writable layers and logs,
+    the pod's volumes and `others` (the files kept for it), on the node file system's totals."""
+    parts = [
+        *(fs for c in containers for fs in (c.rootfs, c.logs) if fs is not None),
+        *(v.fs for v in volumes),
+        *others,
+    ]
+    used = _sum_known(p.used_bytes for p in parts)
+    inodes = _sum_known(p.inodes_used for p in parts)
+    at = max((p.time for p in parts), default=totals.time if totals else datetime.now(UTC))
+    return usage_on(totals, used, inodes, at)
+
+
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    """The sum of the values known (the kubelet's addUsage); None if none is."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _pod_stats(
+    pod: RuntimePod, containers: list[ContainerStats], storage: StorageReading | None = None
+) -> PodStats:
     cpus = [c.cpu for c in containers if c.cpu is not None]
     memories = [c.memory for c in containers if c.memory is not None]
     cpu = None
@@ -263,6 +327,15 @@ def _pod_stats(pod: RuntimePod, containers: list[ContainerStats]) -> PodStats:
         )
     starts = [c.start_time for c in containers]
     start = pod.sandbox.created_at if pod.sandbox is not None else min(starts)
+    volumes: tuple[VolumeStats, ...] = ()
+    ephemeral = None
+    # A pod that started after the last storage measurement has none yet (None, not 0: eviction
+    # then measures it itself).
+    if storage is not None and pod.uid in storage.volumes:
+        volumes = storage.volumes[pod.uid]
+        files = storage.pod_files.get(pod.uid)
+        others = [files] if files is not None else []
+        ephemeral = ephemeral_storage(containers, volumes, others, storage.node_fs)
     return PodStats(
         uid=pod.uid,
         name=pod.name,
@@ -271,6 +344,8 @@ def _pod_stats(pod: RuntimePod, containers: list[ContainerStats]) -> PodStats:
         containers=tuple(containers),
         cpu=cpu,
         memory=memory,
+        volumes=volumes,
+        ephemeral_storage=ephemeral,
     )
 
 

@@ -1,8 +1,9 @@
 """What one sample of the node's resource usage holds, and the read-only view of the latest.
 
-A sample is immutable: the collector replaces it whole, so a reader (the HTTP handlers, later
+A sample is immutable: the collector replaces it whole, so a reader (the HTTP handlers,
 eviction and the status page) never sees one half updated. Units are the kubelet's Summary API
-units: CPU as cumulative core-nanoseconds and a rate in nanocores, memory in bytes.
+units: CPU as cumulative core-nanoseconds and a rate in nanocores, memory and file systems in
+bytes and inodes.
 """
 
 from __future__ import annotations
@@ -35,12 +36,35 @@ class MemoryUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class FsStats:
+    """The Summary API's FsStats: a file system's totals (None: not measured) and what one
+    thing (a container's writable layer, its logs, a volume, a pod) uses of it."""
+
+    time: datetime
+    available_bytes: int | None = None
+    capacity_bytes: int | None = None
+    used_bytes: int | None = None
+    inodes_free: int | None = None
+    inodes: int | None = None
+    inodes_used: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeStats:
+    name: str  # the volume's name in the pod spec
+    plugin: str  # its directory's plugin (kubernetes.io~empty-dir, ...); not in the Summary API
+    fs: FsStats
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerStats:
     name: str
     id: str  # the runtime's container ID (the rate is computed per ID: a restart starts anew)
     start_time: datetime
     cpu: CpuUsage | None
     memory: MemoryUsage | None
+    rootfs: FsStats | None = None  # its writable layer (None: the runtime has none or cannot say)
+    logs: FsStats | None = None  # its log files
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +78,10 @@ class PodStats:
     # container could be measured.
     cpu: CpuUsage | None
     memory: MemoryUsage | None
+    volumes: tuple[VolumeStats, ...] = ()
+    # Its containers' writable layers and logs, its volumes and the files the agent keeps for
+    # it (etc-hosts): the kubelet's calcEphemeralStorage. None: storage not sampled.
+    ephemeral_storage: FsStats | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +92,8 @@ class NodeStats:
     cpu: CpuUsage | None
     memory: MemoryUsage | None
     pods: tuple[PodStats, ...] = ()
+    fs: FsStats | None = None  # the --root-dir file system
+    image_fs: FsStats | None = None  # where the runtime keeps its images (None: it has none)
     # What went wrong in this sample (the runtime could not list its pods, ...): the kubelet's
     # `scrape_error` 1. A container that exited while it was read is no error.
     errors: tuple[str, ...] = field(default=())

@@ -62,6 +62,7 @@ from pykubelet.runtime.base import (
     ChangeListener,
     ContainerConfig,
     ContainerRunState,
+    ContainerStorage,
     ExecResult,
     LogRotationPolicy,
     LogTimes,
@@ -253,6 +254,7 @@ class FakeRuntime:
         self.started = started
         self.calls: list[Call] = []
         self._pods: dict[str, _Pod] = {}
+        self.storage: dict[str, ContainerStorage] = {}  # what container_storage() answers
         # The SandboxConfig of the latest run_sandbox of each pod (uid).
         self.sandbox_configs: dict[str, SandboxConfig | None] = {}
         self._listeners: list[ChangeListener] = []
@@ -423,6 +425,12 @@ class FakeRuntime:
     async def list_pods(self) -> list[RuntimePod]:
         await self._enter("list_pods")
         return [self._view(pod) for _, pod in sorted(self._pods.items())]
+
+    async def container_storage(
+        self, containers: list[RuntimeContainer]
+    ) -> dict[str, ContainerStorage]:
+        """What a test set in `storage` (container ID -> ContainerStorage)."""
+        return {c.id: self.storage[c.id] for c in containers if c.id in self.storage}
 
     async def get_pod(self, uid: str) -> RuntimePod | None:
         await self._enter("get_pod", uid)

@@ -284,7 +284,7 @@ class Sampler:
     def latest(self) -> NodeStats | None:
         return None  # never fresh enough: every observation samples
 
-    async def sample(self) -> NodeStats:
+    async def sample(self, *, storage: bool | None = None) -> NodeStats:
         now = datetime.now(UTC)
 
         def memory(value: int) -> MemoryUsage:
@@ -404,7 +404,7 @@ def test_the_collectors_fresh_sample_is_reused_but_never_one_from_before_an_evic
     samples: list[NodeStats] = []
     take = h.sampler.sample
 
-    async def sample() -> NodeStats:
+    async def sample(*, storage: bool | None = None) -> NodeStats:
         samples.append(await take())
         return samples[-1]
 

@@ -303,3 +303,24 @@ def container_entry(id: str, reply: Any) -> ContainerEntry | None:
         if isinstance(pid, int) and pid > 0 and state is ContainerRunState.RUNNING
         else None,
     )
+
+
+def sandbox_netns_path(info: Any) -> str | None:
+    """The network namespace in a sandbox's verbose info: the runtime spec's path for it (the
+    namespace the runtime bind-mounted), else its pid's; None if neither is there."""
+    if not isinstance(info, dict):
+        return None
+    spec = info.get("runtimeSpec")
+    linux = spec.get("linux") if isinstance(spec, dict) else None
+    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    for namespace in namespaces if isinstance(namespaces, list) else []:
+        if (
+            isinstance(namespace, dict)
+            and namespace.get("type") == "network"
+            and namespace.get("path")
+        ):
+            return str(namespace["path"])
+    pid = info.get("pid")
+    if isinstance(pid, int) and pid > 0:
+        return f"/proc/{pid}/ns/net"
+    return None

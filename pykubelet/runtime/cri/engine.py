@@ -41,6 +41,7 @@ from pykubelet.runtime.base import (
     MAX_EXEC_OUTPUT,
     ContainerConfig,
     ContainerRunState,
+    ContainerStorage,
     ExecResult,
     ExecStream,
     LogRotationPolicy,
@@ -52,6 +53,7 @@ from pykubelet.runtime.base import (
     SandboxConfig,
     StartError,
 )
+from pykubelet.runtime.cri import stats
 from pykubelet.runtime.cri.client import CALL_TIMEOUT, CriClient, CriError, unix_socket_path
 from pykubelet.runtime.cri.convert import (
     LABEL_MANAGED,
@@ -63,6 +65,7 @@ from pykubelet.runtime.cri.convert import (
     ours,
     sandbox_config,
     sandbox_entry,
+    sandbox_netns_path,
     sandbox_state,
 )
 from pykubelet.runtime.cri.images import CriImages
@@ -498,6 +501,11 @@ class CriEngine:
     def image_store(self) -> CriImages:
         return CriImages(self._call, self._infra_image)
 
+    async def container_storage(
+        self, containers: list[ContainerEntry]
+    ) -> dict[str, ContainerStorage]:
+        return await stats.container_storage(self._call, containers)
+
     async def image_present(self, image: str) -> bool:
         reply = await self._image_status(image)
         return reply.HasField("image") and bool(reply.image.id)
@@ -786,24 +794,3 @@ def _remove_log_dirs(root: Path, uid: str) -> None:
         return
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
-
-
-def sandbox_netns_path(info: Any) -> str | None:
-    """The network namespace in a sandbox's verbose info: the runtime spec's path for it (the
-    namespace the runtime bind-mounted), else its pid's; None if neither is there."""
-    if not isinstance(info, dict):
-        return None
-    spec = info.get("runtimeSpec")
-    linux = spec.get("linux") if isinstance(spec, dict) else None
-    namespaces = linux.get("namespaces") if isinstance(linux, dict) else None
-    for namespace in namespaces if isinstance(namespaces, list) else []:
-        if (
-            isinstance(namespace, dict)
-            and namespace.get("type") == "network"
-            and namespace.get("path")
-        ):
-            return str(namespace["path"])
-    pid = info.get("pid")
-    if isinstance(pid, int) and pid > 0:
-        return f"/proc/{pid}/ns/net"
-    return None

@@ -1,5 +1,6 @@
 """The CRI's ImageService for image GC: ListImages, RemoveImage, and ImageFsInfo's mount point
-measured on this machine (as the kubelet's CRI stats provider does through cadvisor).
+measured on this machine (as the kubelet's CRI stats provider does through cadvisor); its used
+bytes and inodes are the Summary API's imageFs.
 
 An image is in use when any container the runtime lists (the agent's or not, in any state)
 was created from it, when it is the sandbox image, or when the runtime pins it."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pykubelet.runtime.base import GcImage, ImageFsUsage, RuntimeFailure
+from pykubelet.runtime.base import GcImage, ImageFsStats, ImageFsUsage, RuntimeFailure
 from pykubelet.runtime.cri.client import CriError
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
 from pykubelet.runtime.images import fs_usage
@@ -69,7 +70,8 @@ class CriImages:
         except (CriError, TimeoutError) as e:
             raise RuntimeFailure(f"cannot remove image {image.id}: {e}") from e
 
-    async def image_fs_usage(self) -> ImageFsUsage:
+    async def _image_fs(self) -> Any:
+        """The first image file system ImageFsInfo names (the kubelet reads only the first)."""
         try:
             reply = await self._call(
                 "ImageFsInfo", api.ImageFsInfoRequest(), api.ImageFsInfoResponse,
@@ -77,7 +79,19 @@ class CriImages:
             )  # fmt: skip
         except (CriError, TimeoutError) as e:
             raise RuntimeFailure(f"cannot ask for the image file system: {e}") from e
-        mounts = [fs.fs_id.mountpoint for fs in reply.image_filesystems if fs.fs_id.mountpoint]
-        if not mounts:
+        found = [fs for fs in reply.image_filesystems if fs.fs_id.mountpoint]
+        if not found:
             raise RuntimeFailure("the runtime's ImageFsInfo names no image file system")
-        return await fs_usage(mounts[0])
+        return found[0]
+
+    async def image_fs_usage(self) -> ImageFsUsage:
+        return await fs_usage((await self._image_fs()).fs_id.mountpoint)
+
+    async def image_fs_stats(self) -> ImageFsStats:
+        fs = await self._image_fs()
+        return ImageFsStats(
+            path=fs.fs_id.mountpoint,
+            used_bytes=fs.used_bytes.value if fs.HasField("used_bytes") else None,
+            inodes_used=fs.inodes_used.value if fs.HasField("inodes_used") else None,
+            at=fs.timestamp / 1e9 if fs.timestamp > 0 else None,
+        )

@@ -45,6 +45,7 @@ from pykubelet.runtime.base import (
     MAX_EXEC_OUTPUT,
     ContainerConfig,
     ContainerRunState,
+    ContainerStorage,
     ExecResult,
     ExecStream,
     LogRotationPolicy,
@@ -56,6 +57,7 @@ from pykubelet.runtime.base import (
     SandboxConfig,
     StartError,
 )
+from pykubelet.runtime.docker import storage
 from pykubelet.runtime.docker.client import DockerClient, EngineError
 from pykubelet.runtime.docker.convert import (
     LABEL_TYPE,
@@ -381,6 +383,11 @@ class DockerEngine:
 
     def image_store(self) -> DockerImages:
         return DockerImages(self._client, self._infra_image)
+
+    async def container_storage(
+        self, containers: list[ContainerEntry]
+    ) -> dict[str, ContainerStorage]:
+        return await storage.container_storage(self._client, [c.id for c in containers])
 
     async def image_present(self, image: str) -> bool:
         try:

@@ -1,6 +1,7 @@
 """The Docker Engine API's images for image GC: /images/json, DELETE /images/{name} (never
 forced: the engine refuses an image a container uses), and the file system of the engine's
-root directory (/info's DockerRootDir, Podman's graph root) measured on this machine.
+root directory (/info's DockerRootDir, Podman's graph root) measured on this machine; the same
+root and the images' sizes are the Summary API's imageFs.
 
 An image is in use when any container the engine lists (the agent's or not, in any state)
 was created from it, or when it is the pod infra image."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pykubelet.runtime.base import GcImage, ImageFsUsage, RuntimeFailure
+from pykubelet.runtime.base import GcImage, ImageFsStats, ImageFsUsage, RuntimeFailure
 from pykubelet.runtime.docker.client import EngineError
 from pykubelet.runtime.images import fs_usage
 
@@ -79,7 +80,7 @@ class DockerImages:
         except EngineError as e:
             raise RuntimeFailure(f"cannot remove image {image.id[:12]}: {e}") from e
 
-    async def image_fs_usage(self) -> ImageFsUsage:
+    async def _root(self) -> str:
         try:
             info = await self._client.json("GET", "info")
         except EngineError as e:
@@ -87,4 +88,18 @@ class DockerImages:
         root = info.get("DockerRootDir") if isinstance(info, dict) else None
         if not root:
             raise RuntimeFailure("the engine's /info names no DockerRootDir")
-        return await fs_usage(str(root))
+        return str(root)
+
+    async def image_fs_usage(self) -> ImageFsUsage:
+        return await fs_usage(await self._root())
+
+    async def image_fs_stats(self) -> ImageFsStats:
+        """The engine's root, and the sum of its images' sizes as the kubelet's ImageStats adds
+        them (layers two images share count twice: /system/df would walk every layer)."""
+        root = await self._root()
+        try:
+            images = await self._client.json("GET", "images/json")
+        except EngineError as e:
+            raise RuntimeFailure(f"cannot list the images: {e}") from e
+        rows = images if isinstance(images, list) else []
+        return ImageFsStats(path=root, used_bytes=sum(int(i.get("Size") or 0) for i in rows))

@@ -46,6 +46,7 @@ from pykubelet.runtime.base import (
     NO_LOG_TIMES,
     ChangeListener,
     ContainerConfig,
+    ContainerStorage,
     ExecResult,
     ExecStream,
     LogRotationPolicy,
@@ -225,6 +226,18 @@ class ProcessRuntime:
     async def get_pod(self, uid: str) -> RuntimePod | None:
         pod = self._pods.get(uid)
         return None if pod is None else self._view(pod)
+
+    async def container_storage(
+        self, containers: list[RuntimeContainer]
+    ) -> dict[str, ContainerStorage]:
+        # No writable layer: a host process writes to the host's own file system (its files
+        # are nobody's in particular, so no rootfs is reported); its logs are the container's
+        # directory of them (every attempt, rotated files too).
+        return {
+            c.id: ContainerStorage(log_paths=(str(self.log_path(c).parent),))
+            for c in containers
+            if c.pod_uid in self._pods
+        }
 
     def log_path(self, container: RuntimeContainer) -> Path:
         """Where that attempt's stdout and stderr go (appended, also across agent restarts)."""

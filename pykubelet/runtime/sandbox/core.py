@@ -44,6 +44,7 @@ from pykubelet.runtime.base import (
     ChangeListener,
     ContainerConfig,
     ContainerRunState,
+    ContainerStorage,
     ExecResult,
     ExecStream,
     ImageService,
@@ -191,6 +192,12 @@ class SandboxRuntime(Generic[R]):
         # Changes found here are not announced: whoever lists (the PLEG) sees them.
         await self._cache.resync()
         return [pod for _, pod in sorted(self._pods().items())]
+
+    async def container_storage(
+        self, containers: list[RuntimeContainer]
+    ) -> dict[str, ContainerStorage]:
+        entries = [e for c in containers if (e := self._cache.container(c.id)) is not None]
+        return await self._engine.container_storage(entries) if entries else {}
 
     async def get_pod(self, uid: str) -> RuntimePod | None:
         # The cache: our own operations and the change stream keep it current, and the PLEG's

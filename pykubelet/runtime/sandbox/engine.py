@@ -29,6 +29,7 @@ from pykubelet.api.model import Pod
 from pykubelet.runtime.base import (
     ContainerConfig,
     ContainerRunState,
+    ContainerStorage,
     ExecResult,
     ExecStream,
     ImageService,
@@ -260,6 +261,13 @@ class Engine(Inspector, Protocol[R]):
     # --- images, exec, logs ---------------------------------------------------------------------
 
     async def image_present(self, image: str) -> bool: ...
+
+    async def container_storage(
+        self, containers: list[ContainerEntry]
+    ) -> dict[str, ContainerStorage]:
+        """By ID, each container's writable layer as the engine measures it and where its logs
+        are (Runtime.container_storage)."""
+        ...
 
     async def rotate_log(
         self, id: str, entry: ContainerEntry | None, policy: LogRotationPolicy
