@@ -90,8 +90,7 @@ from pykubelet.runtime.process.spawn import (
     spawn_launched,
 )
 from pykubelet.runtime.process.statewriter import StateWriter
-from pykubelet.runtime.process.termination import exit_message, message_bind
-from pykubelet.runtime.termination import is_message_file
+from pykubelet.runtime.process.termination import exit_message, message_bind, own_file
 
 log = logging.getLogger(__name__)
 
@@ -667,11 +666,8 @@ class ProcessRuntime:
         async with rec.lock:
             rec.removed = True
             try:
-                own = rec.termination_file
-                message = [Path(own)] if own and is_message_file(own, rec.pod_uid, rec.name) else []
-                await asyncio.to_thread(
-                    _remove_files, self._container_file(rec), self.log_path(container), *message
-                )
+                files = [self._container_file(rec), self.log_path(container), *own_file(rec)]
+                await asyncio.to_thread(_remove_files, *files)
                 await asyncio.to_thread(logrotation.remove_all, self.log_path(container))
             except OSError as e:
                 raise RuntimeFailure(f"cannot delete container {rec.id}: {e}") from e
@@ -779,15 +775,7 @@ class ProcessRuntime:
         stdio = self._stdio.pop(rec.id, None)
         if stdio is not None:
             await stdio.close()  # what its terminal still held reaches the log first
-        if rec.exit_code is not None:
-            rec.message = await exit_message(
-                rec.termination_file,
-                rec.termination_policy,
-                rec.exit_code,
-                rec.reason,
-                rec.message,
-                lambda lines: self.read_log(rec.view(), tail_lines=lines),
-            )
+        rec.message = await exit_message(rec, lambda n: self.read_log(rec.view(), tail_lines=n))
         try:
             await self._persist(rec)
         except OSError as e:

@@ -20,8 +20,10 @@ import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from pykubelet.runtime.base import ContainerConfig, StartError
+from pykubelet.runtime.process.records import ContainerRecord
 from pykubelet.runtime.process.spawn import CAP_SYS_ADMIN, effective_capabilities
 from pykubelet.runtime.termination import (
     is_message_file,
@@ -73,20 +75,23 @@ def _warn_once() -> None:
 
 
 async def exit_message(
-    host_file: str | None,
-    policy: str,
-    exit_code: int | None,
-    reason: str | None,
-    engine_message: str | None,
-    read_log: Callable[[int], Awaitable[bytes]],
+    rec: ContainerRecord, read_log: Callable[[int], Awaitable[bytes]]
 ) -> str | None:
     """The exited container's message: its own reason's (an unknown exit's), enriched."""
+    if rec.exit_code is None:
+        return rec.message
     message = await termination_message(
-        host_file,
-        policy,
-        exit_code,
-        reason,
+        rec.termination_file,
+        rec.termination_policy,
+        rec.exit_code,
+        rec.reason,
         read_file=lambda path: asyncio.to_thread(read_message_file, path),
         read_log=read_log,
     )
-    return with_engine_message(engine_message, message)
+    return with_engine_message(rec.message, message)
+
+
+def own_file(rec: ContainerRecord) -> list[Path]:
+    """Its termination-log file if it is the one made for it (not a volume's): to delete."""
+    path = rec.termination_file
+    return [Path(path)] if path and is_message_file(path, rec.pod_uid, rec.name) else []
