@@ -302,10 +302,32 @@ class PodRecord:
     namespace: str
     sandbox: SandboxRecord | None = None
     containers: dict[str, ContainerRecord] = field(default_factory=dict)
-    # The last view and what it was made of (`ProcessRuntime._view`).
+    # The last view and what it was made of (`view`).
     view_cache: tuple[tuple[object, ...], RuntimePod] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+
+    def view(self, node_ip: str) -> RuntimePod:
+        """What the runtime reports of the pod. Made again only when a part changed (the parts'
+        views are cached by their records): the PLEG asks for every pod each second, and an
+        idle pod never changes."""
+        sandbox = None if self.sandbox is None else self.sandbox.view(node_ip)
+        key = (self.name, self.namespace, sandbox, *(c.view() for c in self.containers.values()))
+        cached = self.view_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        containers = sorted(
+            self.containers.values(), key=lambda c: (c.name, c.attempt, c.created_at)
+        )
+        view = RuntimePod(
+            uid=self.uid,
+            name=self.name,
+            namespace=self.namespace,
+            sandbox=sandbox,
+            containers=[c.view() for c in containers],
+        )
+        self.view_cache = (key, view)
+        return view
 
 
 @dataclass

@@ -31,17 +31,16 @@ import logging
 import os
 import shutil
 import signal
-import time
 import uuid
 from collections.abc import AsyncGenerator, Coroutine
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pykubelet import __version__
 from pykubelet.api.model import Pod
 from pykubelet.api.qos import qos_class
-from pykubelet.runtime import logfiles, logrotation
+from pykubelet.runtime import logrotation
 from pykubelet.runtime.base import (
     NO_LOG_TIMES,
     ChangeListener,
@@ -64,8 +63,10 @@ from pykubelet.runtime.base import (
 from pykubelet.runtime.process import records, statefile
 from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream
 from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgroup, Settings
+from pykubelet.runtime.process.execplan import check_running, exec_plan
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
+from pykubelet.runtime.process.logread import follow_plain_log, read_plain_log
 from pykubelet.runtime.process.logrotate import LogRotator
 from pykubelet.runtime.process.processes import ID_VARIABLE, boot_id, kill_group, reap
 from pykubelet.runtime.process.records import (
@@ -82,7 +83,6 @@ from pykubelet.runtime.process.spawn import (
     ExecPlan,
     Stdio,
     container_env,
-    exec_context,
     exec_launched,
     launch_config,
     os_reason,
@@ -98,7 +98,6 @@ log = logging.getLogger(__name__)
 UNKNOWN_REASON = "ContainerStatusUnknown"
 UNKNOWN_EXIT_CODE = 137
 UNKNOWN_MESSAGE = "the process exited while the agent was not its parent; its exit code is unknown"
-FOLLOW_POLL_SECONDS = 0.2
 # After SIGKILL only a process stuck in the kernel (D state) lingers; past this we give up waiting.
 KILL_TIMEOUT = 10.0
 
@@ -249,51 +248,29 @@ class ProcessRuntime:
         limit_bytes: int | None = None,
         times: LogTimes = NO_LOG_TIMES,
     ) -> bytes:
-        """Like the kubelet: the last `tail_lines` lines, of which at most the first
-        `limit_bytes` bytes. The file is plain (the process writes it itself), so `times` is
-        honoured only where it keeps all of it or none (logfiles.plain_times)."""
-        path = self.log_path(container)
-        if times.any:
-            _, last_ns = await asyncio.to_thread(_log_stat, path)
-            if not logfiles.plain_times(
-                times, _unix_ns(container.created_at), last_ns, time.time_ns()
-            ):
-                return b""
-        return await asyncio.to_thread(logfiles.read_log, path, tail_lines, limit_bytes)
+        """The plain file the process writes itself (logread.py): `times` is honoured only
+        where it keeps all of it or none."""
+        return await read_plain_log(
+            self.log_path(container), container.created_at, tail_lines, limit_bytes, times
+        )
 
-    async def follow_log(
+    def follow_log(
         self,
         container: RuntimeContainer,
         tail_lines: int | None = None,
         times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
-        """The process writes straight to its file, so following is polling the file's end.
-        `times` as in read_log: what it leaves out is the file as it is now."""
-        path = self.log_path(container)
+        """Polling the file's end until the container has exited (logread.py)."""
         rec = self._find(container)
-        skip_to: int | None = None
-        if times.any:
-            size, last_ns = await asyncio.to_thread(_log_stat, path)
-            if not logfiles.plain_times(
-                times, _unix_ns(container.created_at), last_ns, time.time_ns()
-            ):
-                skip_to = size
-        # The offset is where the head ended: what is appended meanwhile is read next.
-        if skip_to is None:
-            head, offset = await self._rotator.read_tail(container.id, path, tail_lines)
-        else:
-            head, offset = b"", await self._rotator.end(container.id, path)
-        if head:
-            yield head
-        while True:
-            done = rec is None or rec.exited.is_set()
-            chunk, offset = await self._rotator.read_from(container.id, path, offset)
-            if chunk:
-                yield chunk
-            elif done:
-                return
-            else:
-                await asyncio.sleep(FOLLOW_POLL_SECONDS)
+        return follow_plain_log(
+            self._rotator,
+            container.id,
+            self.log_path(container),
+            container.created_at,
+            None if rec is None else rec.exited,
+            tail_lines,
+            times,
+        )
 
     async def exec_sync(
         self,
@@ -334,9 +311,7 @@ class ProcessRuntime:
 
     async def attach(self, container: RuntimeContainer, *, stdin: bool, tty: bool) -> ExecStream:
         """Its log followed from its end, its stdin pipe or terminal (attach.py)."""
-        rec = self._find(container)
-        if rec is None or not rec.running or rec.finishing:
-            raise RuntimeFailure(f"container {container.name} is not running")
+        rec = check_running(self._find(container), container)
         path = self.log_path(container)
         offset = await self._rotator.end(container.id, path)
         return ProcessAttachStream(
@@ -361,44 +336,14 @@ class ProcessRuntime:
     async def _exec_plan(
         self, container: RuntimeContainer, command: list[str], env: list[tuple[str, str]]
     ) -> tuple[ContainerRecord, ExecPlan]:
-        """How to run `command` as in the running container; RuntimeFailure if it does not run
-        or its context cannot be read."""
-        rec = self._find(container)
-        # A finishing container has exited: its zombie has no mount namespace left to enter.
-        if rec is None or not rec.running or rec.finishing:
-            raise RuntimeFailure(f"container {container.name} is not running")
-        if not command:
-            raise RuntimeFailure(f"no command to run in container {container.name}")
-        try:
-            cwd = os.readlink(f"/proc/{rec.pid}/cwd")
-        except OSError:
-            cwd = str(self._pod_dir(rec.pod_uid))
-        full_env = container_env(rec.pod_name, env)
-        enter = await asyncio.to_thread(exec_context, rec.pid)
-        if not rec.running or rec.finishing:
-            raise RuntimeFailure(f"container {container.name} is not running")
-        if enter is None:
-            # Run without its context, the command would be the agent's: root, in the host's
-            # mounts. Only a container started as the agent's own processes are may do without.
-            if rec.launched is not False or rec.cgroup:
-                raise RuntimeFailure(
-                    f"container {container.name} is not running: cannot read the mounts and "
-                    f"user of its process {rec.pid}"
-                )
-            enter = {}
-        direct = not (enter or rec.cgroup)
-        # As in a container: its mounts, user and cgroups (read from the live process, so this
-        # holds for adopted containers too).
-        if "mount_ns_pid" in enter:
-            enter["mount_ns_start_time"] = rec.proc_start_time
-        enter["cgroups"] = (
-            []
-            if direct
-            else await asyncio.to_thread(self._cgroups.procs_files, rec.pod_uid, rec.id)
+        return await exec_plan(
+            self._find(container),
+            container,
+            command,
+            env,
+            pod_dir=self._pod_dir(container.pod_uid),
+            procs_files=self._cgroups.procs_files,
         )
-        home_of_user = not any(name == "HOME" for name, _ in env)
-        enter.update(cwd=cwd, argv=command, env=full_env, home_of_user=home_of_user)
-        return rec, ExecPlan(command, cwd, full_env, enter, direct)
 
     def _forget_exec(self, stream: ProcessExecStream) -> None:
         for streams in self._execs.values():
@@ -821,25 +766,7 @@ class ProcessRuntime:
         return self._pod_locks.setdefault(uid, asyncio.Lock())
 
     def _view(self, pod: PodRecord) -> RuntimePod:
-        # Made again only when a part changed (the parts' views are cached by their records):
-        # the PLEG asks for every pod each second, and an idle pod never changes.
-        sandbox = None if pod.sandbox is None else pod.sandbox.view(self._node_ip)
-        key = (pod.name, pod.namespace, sandbox, *(c.view() for c in pod.containers.values()))
-        cached = pod.view_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        containers = sorted(
-            pod.containers.values(), key=lambda c: (c.name, c.attempt, c.created_at)
-        )
-        view = RuntimePod(
-            uid=pod.uid,
-            name=pod.name,
-            namespace=pod.namespace,
-            sandbox=sandbox,
-            containers=[c.view() for c in containers],
-        )
-        pod.view_cache = (key, view)
-        return view
+        return pod.view(self._node_ip)
 
     def _pod_dir(self, uid: str) -> Path:
         return self._dir / uid
@@ -872,17 +799,3 @@ def _remove_files(*paths: Path) -> None:
 def _remove_tree(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         shutil.rmtree(path)
-
-
-def _log_stat(path: Path) -> tuple[int, int]:
-    """A log file's size and when it was last written (Unix ns); a missing one is empty and was
-    never written (0)."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return 0, 0
-    return st.st_size, st.st_mtime_ns
-
-
-def _unix_ns(at: datetime) -> int:
-    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
