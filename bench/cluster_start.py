@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import latency
-from bench.cluster_scale import _node_kubeconfig, _pod, _running, _wait
+from bench.cluster_scale import _node_kubeconfig, _pod, _running, _unmount_under, _wait
 from bench.stats import percentiles
 from bench.targets import Target, at_most
 from bench.targets import table as target_table
@@ -65,6 +65,7 @@ def run(pods: int = 1000) -> dict[str, Any]:
             started = {p["metadata"]["name"]: latency._started_at(p) for p in agent.pods().values()}
         finally:
             agent.stop(signal.SIGTERM, timeout=120)
+            _unmount_under(work)
     lags = [seen[name] - at for name, at in started.items() if name in seen and at is not None]
     all_running = max(seen.values()) - created
     return {
