@@ -2,7 +2,7 @@
 
 python -m bench [--quick] [--no-flamegraphs]
                 [--only latency,merger,steady,podman,engines,streaming,node_resources,
-                cluster]
+                cluster,cluster_start]
 
 The latency section runs the floor (bench/floor.py) beside the agent for each N and prints the
 agent's start figures as ratios to it; with py-spy installed it also keeps flame graphs of the
@@ -23,6 +23,7 @@ from typing import Any
 
 from bench import (
     cluster_scale,
+    cluster_start,
     engine_floor,
     floor,
     latency,
@@ -152,6 +153,12 @@ def main() -> int:
         for line in cluster_scale.table(r):
             print(line, flush=True)
         targets += cluster_scale.targets(r)
+    if "cluster_start" in only:  # not in the default list: 1,000 pods twice (file, then API)
+        r = cluster_start.run(100 if args.quick else 1000)
+        results["cluster_start"] = r
+        for line in cluster_start.table(r):
+            print(line, flush=True)
+        targets += cluster_start.targets(r)
     # Other sections add their rows above (targets += section.targets(results[...])).
     results["targets"] = [t.as_dict() for t in targets]
     for line in table(targets):

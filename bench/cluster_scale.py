@@ -15,8 +15,10 @@ Each agent authenticates with a token of its own, so that the fixture's request 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -150,7 +152,19 @@ def run(nodes: int = 10, pods: int = 110, window: float = 60.0) -> dict[str, Any
             for agent in agents:
                 if agent.proc is not None:
                     agent.stop(signal.SIGTERM, timeout=120)
+            _unmount_under(base)
     return _summarise(log, names, pods, window, all_running, started, opened, closed)
+
+
+def _unmount_under(base: Path) -> None:
+    """Unmount what the agents left mounted below `base`: a stopped agent leaves its pods'
+    volumes (service-account token tmpfs, as root) for its next start, and the temporary
+    directory could not be deleted."""
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f]
+    for point in sorted((p for p in points if p.startswith(f"{base}/")), reverse=True):
+        with contextlib.suppress(OSError):
+            subprocess.run(["umount", point], check=False, capture_output=True)
 
 
 def _wait(what: str, check: Any, timeout: float, interval: float = 0.1) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+from pykubelet.common.ids import random_hex
 
 log = logging.getLogger("pykubelet.common.events")
 
@@ -37,7 +38,7 @@ class Event:
     first_seen: datetime
     last_seen: datetime
     count: int = 1
-    name: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    name: str = field(default_factory=lambda: random_hex(8))
 
     def to_api(self, node_name: str) -> dict[str, Any]:
         obj: dict[str, Any] = {"kind": self.involved.kind, "name": self.involved.name}

@@ -88,6 +88,28 @@ class _Changes:
     reconciles: dict[_Ref, None] = field(default_factory=dict)
 
 
+@dataclass
+class _LastSet:
+    """A source's last SET that had no duplicate: its pods, and their UIDs and keys, by
+    position (the sets are made when first needed)."""
+
+    pods: list[Pod]
+    uids: list[str]
+    keys: list[str]
+    _uid_set: set[str] | None = None
+    _key_set: set[str] | None = None
+
+    def uid_set(self) -> set[str]:
+        if self._uid_set is None:
+            self._uid_set = set(self.uids)
+        return self._uid_set
+
+    def key_set(self) -> set[str]:
+        if self._key_set is None:
+            self._key_set = set(self.keys)
+        return self._key_set
+
+
 class PodStorage:
     """Per-source pod state keyed by UID, merged into one stream of changes."""
 
@@ -118,6 +140,9 @@ class PodStorage:
         # (the file source re-sends its unchanged pods in every SET) sent no change, so the
         # merge of 1,000 pods with one edit compares one. Sources never change what they sent.
         self._origin: dict[_Ref, Pod] = {}
+        # Per source, its last SET when it had no duplicate: the SET after it with the same
+        # length compares positions by identity and looks only at the pods that differ.
+        self._last_set: dict[str, _LastSet] = {}
 
     # --- queries --------------------------------------------------------------------------------
 
@@ -159,6 +184,8 @@ class PodStorage:
         source = update.source
         changes = _Changes()
         first_set = False
+        if update.op is not Op.SET:
+            self._last_set.pop(source, None)  # its pods are no longer what the last SET left
         if update.op in _UPSERT_OPS:
             pods = self._pods.setdefault(source, {})
             for pod in self._filter(update.pods, source):
@@ -171,7 +198,15 @@ class PodStorage:
             first_set = source not in self._seen
             self._seen.add(source)
             old = self._pods.get(source, {})
+            if self._set_changed_only(source, update.pods, old, changes):
+                return self._emit(source, changes, first_set)
             incoming = self._filter(update.pods, source)
+            if len(incoming) == len(update.pods):
+                self._last_set[source] = _LastSet(
+                    list(update.pods), [p.uid for p in incoming], [p.key for p in incoming]
+                )
+            else:
+                self._last_set.pop(source, None)
             keep = {p.uid for p in incoming}
             # Removals first, so a pod that changed UID but kept its name (an edited static pod)
             # frees the name before its successor claims it instead of being shadowed by itself.
@@ -183,6 +218,58 @@ class PodStorage:
         else:
             raise ValueError(f"update from source {source}: {update.op.name} is not an input op")
         return self._emit(source, changes, first_set)
+
+    def _set_changed_only(
+        self, source: str, pods: list[Pod], old: dict[str, Pod], changes: _Changes
+    ) -> bool:
+        """A SET merged by looking only at the positions whose pod object differs from the last
+        SET's, if that is the whole SET's result (no duplicate, the same length); else False
+        and nothing done. One edit among 1,000 pods: its pod, not 1,000 (5-10 ms)."""
+        last = self._last_set.get(source)
+        if last is None or len(last.pods) != len(pods):
+            return False
+        changed = [i for i, (a, b) in enumerate(zip(pods, last.pods, strict=True)) if a is not b]
+        if len(changed) > len(pods) // 4:
+            return False  # most of it changed: the whole merge is as quick
+        new_uids = [pods[i].uid for i in changed]
+        new_keys = [pods[i].key for i in changed]
+        # No duplicate before; none now if the changed pods clash neither with each other nor
+        # with an unchanged pod (whose key and UID are the last SET's at its position).
+        if len(set(new_uids)) != len(changed) or len(set(new_keys)) != len(changed):
+            return False
+        gone_uids = {last.uids[i] for i in changed}
+        gone_keys = {last.keys[i] for i in changed}
+        uid_set, key_set = last.uid_set(), last.key_set()
+        for uid, key in zip(new_uids, new_keys, strict=True):
+            if (uid in uid_set and uid not in gone_uids) or (
+                key in key_set and key not in gone_keys
+            ):
+                return False
+        # An unchanged pod is one the whole SET would keep as stored (`_upsert`'s first case):
+        # its stored pod was made from this very object (not, say, a rename it ignored).
+        at = set(changed)
+        origin = self._origin
+        for i, uid in enumerate(last.uids):
+            if i not in at and (uid not in old or origin.get((source, uid)) is not pods[i]):
+                return False
+        # As the whole SET: removals first (in the stored order), then each pod in order.
+        kept = set(new_uids)
+        self._remove(
+            source, [last.uids[i] for i in changed if last.uids[i] not in kept], old, changes
+        )
+        uids = list(last.uids)
+        keys = list(last.keys)
+        for i, uid, key in zip(changed, new_uids, new_keys, strict=True):
+            uids[i], keys[i] = uid, key
+        new: dict[str, Pod] = {}
+        for i, uid in enumerate(uids):
+            if i in at:
+                self._upsert(source, old, new, pods[i], changes)
+            else:
+                new[uid] = old[uid]
+        self._pods[source] = new
+        self._last_set[source] = _LastSet(list(pods), uids, keys)
+        return True
 
     def _record(self, key: str, message: str) -> None:
         log.warning("%s: %s", FAILED_VALIDATION, message)

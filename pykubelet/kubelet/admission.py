@@ -10,8 +10,10 @@ The handlers, in the kubelet's order:
   `OutOfcpu`, ...), with the kubelet's messages.
 
 A pod turned away is Failed with that reason; the sync loop records it and never starts it.
-`NodeUsage` is what the admitted pods use; the sync loop counts it once per batch of additions
-and adds each pod it admits, so 1,000 additions stay linear.
+`NodeUsage` is what the admitted pods use; the sync loop adds each pod it admits and removes
+each pod that goes, counting over all pods again only after a change it does not make itself
+(a worker terminated, a phase became terminal), so 1,000 additions stay linear and one edit
+among 1,000 pods does not count 1,000.
 """
 
 from __future__ import annotations
@@ -79,6 +81,11 @@ class NodeUsage:
         self.pods += 1
         for name in RESOURCES:
             self.resources[name] += requests.get(name, 0)
+
+    def remove(self, requests: Mapping[str, int]) -> None:
+        self.pods -= 1
+        for name in RESOURCES:
+            self.resources[name] -= requests.get(name, 0)
 
 
 class AdmitHandler(Protocol):

@@ -187,7 +187,16 @@ class Kubelet:
             SysctlAllowlist(options.allowed_unsafe_sysctls),
             ResourceFit(options.max_pods, allocatable),
         ]
-        self._usage = NodeUsage()  # during one batch of additions
+        # What the pods using capacity take of the node, kept up to date: the additions and
+        # removals change it, and the pods whose worker terminated or whose status changed
+        # since (`_changed`) are looked at again. A whole count per batch made one edit among
+        # 1,000 pods wait 3-6 ms for admission.
+        self._usage = NodeUsage()
+        self._counted: dict[str, dict[str, int]] | None = None  # uid -> its requests in _usage
+        self._changed: set[str] = set()
+        self._workers.add_terminated_listener(self._worker_or_status_changed)
+        statuses.add_listener(self._worker_or_status_changed)
+        statuses.add_forget_listener(self._worker_or_status_changed)
         self._requests: dict[str, dict[str, int]] = {}  # uid -> what it asks of the node
         self._rejected: set[str] = set()  # pods admission turned away (phase Failed)
         self._pleg = PLEG(runtime)
@@ -426,17 +435,16 @@ class Kubelet:
                     self._workers.update_pod(UpdateType.SYNC, pod)
 
     def _handle_additions(self, pods: list[Pod]) -> None:
-        # Counted once per batch, then kept up to date: 1,000 additions stay linear.
-        new = {pod.uid for pod in pods}
-        self._usage = NodeUsage()
-        for known in self._pods:
-            if known.uid not in new and self._uses_capacity(known.uid):
-                self._usage.add(self._requests_of(known))
+        counted = self._counted_usage()
+        for pod in pods:  # a pod added again is admitted again, as a whole count would do
+            self._uncount(pod.uid)
         for pod in sorted(pods, key=_creation_key):
             self._pods.put(pod)
             if pod.metadata.deletion_timestamp is not None:
                 # Already being deleted (an API pod promoted once a name conflict ended): stop
-                # whatever runs of it, never start it.
+                # whatever runs of it, never start it. It takes capacity until it terminated.
+                counted[pod.uid] = requests = self._requests_of(pod)
+                self._usage.add(requests)
                 self._kill(pod)
                 continue
             requests = self._requests_of(pod)
@@ -444,9 +452,37 @@ class Kubelet:
             if not result.admit:
                 self._reject(pod, result.reason, result.message)
                 continue
+            counted[pod.uid] = requests
             self._usage.add(requests)
             self._syncer.note_seen(pod.uid)
             self._workers.update_pod(UpdateType.CREATE, pod)
+
+    def _counted_usage(self) -> dict[str, dict[str, int]]:
+        """The pods counted in `_usage`, as a count over every known pod would find them:
+        made once, then the pods whose worker or status changed since are looked at again."""
+        changed, self._changed = self._changed, set()
+        if self._counted is None:
+            self._usage = NodeUsage()
+            self._counted = {}
+            changed = {pod.uid for pod in self._pods}
+        for uid in changed:
+            known = self._pods.get(uid)
+            uses = known is not None and self._uses_capacity(uid)
+            if uses and uid not in self._counted:
+                assert known is not None
+                self._counted[uid] = requests = self._requests_of(known)
+                self._usage.add(requests)
+            elif not uses:
+                self._uncount(uid)
+        return self._counted
+
+    def _worker_or_status_changed(self, uid: str, *_: object) -> None:
+        self._changed.add(uid)
+
+    def _uncount(self, uid: str) -> None:
+        requests = None if self._counted is None else self._counted.pop(uid, None)
+        if requests is not None:
+            self._usage.remove(requests)
 
     def _uses_capacity(self, uid: str) -> bool:
         # The kubelet's filterOutInactivePods: rejected, known terminated (a pod that came
@@ -490,6 +526,8 @@ class Kubelet:
 
     def _handle_updates(self, pods: list[Pod], op: Op) -> None:
         for pod in pods:
+            if pod.uid not in self._pods:
+                self._counted = None  # not from the merger; the next additions count again
             self._pods.put(pod)
             if pod.uid in self._rejected:
                 continue
@@ -501,6 +539,7 @@ class Kubelet:
     def _handle_removals(self, pods: list[Pod]) -> None:
         for pod in pods:
             known = self._pods.remove(pod.uid)
+            self._uncount(pod.uid)
             self._requests.pop(pod.uid, None)
             if pod.uid in self._rejected:
                 self._rejected.discard(pod.uid)

@@ -90,6 +90,9 @@ class PodWorkers:
         self._name_holder: dict[str, str] = {}  # full name -> uid of the pod allowed to run
         self._name_waiters: dict[str, set[str]] = {}  # full name -> uids waiting for it
         self._due: dict[str, float] = {}  # uid -> loop time of the next periodic sync
+        # Hear of each pod whose worker became TERMINATED or was replaced (`state_of` changed
+        # to or from TERMINATED): admission's count of the pods using capacity.
+        self._terminated_listeners: list[Callable[[str], None]] = []
         self._closing = False
 
     # --- dispatch ---------------------------------------------------------------------------
@@ -110,6 +113,7 @@ class PodWorkers:
             # Removed and cleaned up, now wanted again (a manifest restored): start afresh.
             del self._workers[key]
             self._due.pop(key, None)
+            self._terminated(key)
             worker = None
         if worker is None:
             if update is UpdateType.KILL and pod is None and uid is None:
@@ -151,6 +155,15 @@ class PodWorkers:
 
     def is_known(self, uid: str) -> bool:
         return uid in self._workers
+
+    def add_terminated_listener(self, listener: Callable[[str], None]) -> None:
+        """`listener(uid)` hears of each worker that became TERMINATED, or that was
+        terminated and is replaced by a new one (`state_of` changed to or from TERMINATED)."""
+        self._terminated_listeners.append(listener)
+
+    def _terminated(self, uid: str) -> None:
+        for listener in self._terminated_listeners:
+            listener(uid)
 
     def state_of(self, uid: str) -> WorkerState | None:
         worker = self._workers.get(uid)
@@ -201,6 +214,7 @@ class PodWorkers:
             if worker.finished:
                 if worker.restart_requested and worker.pod is not None and not self._closing:
                     del self._workers[worker.uid]
+                    self._terminated(worker.uid)
                     self.update_pod(UpdateType.CREATE, worker.pod)
                 return
 
@@ -255,6 +269,7 @@ class PodWorkers:
                 await asyncio.sleep(1.0)
         metrics.pod_worker_duration.labels(UpdateType.KILL.value).observe(self._clock() - started)
         worker.state = WorkerState.TERMINATED
+        self._terminated(worker.uid)
         worker.terminated.set()
         self._due.pop(worker.uid, None)
         self._release(worker)

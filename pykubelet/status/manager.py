@@ -16,6 +16,7 @@ class StatusManager:
     def __init__(self) -> None:
         self._statuses: dict[str, PodStatus] = {}
         self._listeners: list[StatusListener] = []
+        self._forget_listeners: list[Callable[[str], None]] = []
 
     def add_listener(self, listener: StatusListener) -> None:
         self._listeners.append(listener)
@@ -31,5 +32,11 @@ class StatusManager:
         for listener in self._listeners:
             listener(uid, status)
 
+    def add_forget_listener(self, listener: Callable[[str], None]) -> None:
+        """`listener(uid)` hears of each status forgotten."""
+        self._forget_listeners.append(listener)
+
     def forget(self, uid: str) -> None:
-        self._statuses.pop(uid, None)
+        if self._statuses.pop(uid, None) is not None:
+            for listener in self._forget_listeners:
+                listener(uid)

@@ -829,3 +829,63 @@ async def test_wait_listed_returns_once_the_source_sent_its_whole_state() -> Non
     push(PodUpdate([], Op.SET, FILE_SOURCE))  # an empty directory listed is a state too
     await asyncio.wait_for(waiter, 5)
     await asyncio.wait_for(config.wait_listed(FILE_SOURCE), 5)  # already listed: at once
+
+
+# A pool of pod objects, some sharing a name or a UID, some renames and status-only changes of
+# another: SETs drawn from it reuse objects, as the file source re-sends its unchanged pods.
+_POOL = [
+    make_pod("a"),
+    make_pod("a", image="redis"),
+    make_pod("a", "uid-a2"),
+    make_pod("b"),
+    make_pod("b", phase="Running"),
+    make_pod("c"),
+    make_pod("c", "uid-b"),
+    make_pod("renamed", "uid-c"),
+    make_pod("d", deleted=True),
+    make_pod("d"),
+    make_pod("e"),
+    make_pod("e", labels={"x": "y"}),
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([FILE_SOURCE, HTTP_SOURCE]),
+            # A whole new list of pods, or one position of the source's last list replaced.
+            st.one_of(
+                st.lists(st.integers(0, len(_POOL) - 1), min_size=4, max_size=8),
+                st.tuples(st.integers(0, 7), st.integers(0, len(_POOL) - 1)),
+            ),
+        ),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_a_set_merged_by_its_changed_positions_is_the_whole_merge(
+    steps: list[tuple[str, list[int] | tuple[int, int]]],
+) -> None:
+    # `fast` may merge a SET by the positions that changed since the source's last SET;
+    # `whole` gets an empty UPDATE before each SET, which makes it merge the whole SET.
+    fast, fast_events = new_storage()
+    whole, whole_events = new_storage()
+    last: dict[str, list[Pod]] = {}
+    for source, step in steps:
+        if isinstance(step, list):
+            pods = [_POOL[i] for i in step]
+        else:
+            pods = list(last.get(source, []))
+            if not pods:
+                continue
+            pods[step[0] % len(pods)] = _POOL[step[1]]
+        last[source] = pods
+        whole.merge(up(Op.UPDATE, source))
+        expected = whole.merge(PodUpdate(list(pods), Op.SET, source))
+        got = fast.merge(PodUpdate(list(pods), Op.SET, source))
+        assert summary([u for u in got if u.pods]) == summary([u for u in expected if u.pods])
+        assert [p.model_dump() for p in fast.active_pods()] == [
+            p.model_dump() for p in whole.active_pods()
+        ]
+        assert fast_events == whole_events

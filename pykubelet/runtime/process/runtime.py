@@ -31,7 +31,6 @@ import logging
 import os
 import shutil
 import signal
-import uuid
 from collections.abc import AsyncGenerator, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 from pykubelet import __version__
 from pykubelet.api.model import Pod
 from pykubelet.api.qos import qos_class
+from pykubelet.common.ids import random_hex
 from pykubelet.runtime import logrotation
 from pykubelet.runtime.base import (
     NO_LOG_TIMES,
@@ -361,7 +361,7 @@ class ProcessRuntime:
             if state is not None and state.sandbox is not None:
                 return state.sandbox.view(self._node_ip)
             sandbox = SandboxRecord(
-                id=uuid.uuid4().hex,
+                id=random_hex(),
                 pod_uid=pod.uid,
                 pod_name=pod.metadata.name,
                 pod_namespace=pod.metadata.namespace,
@@ -452,7 +452,7 @@ class ProcessRuntime:
 
         log_path = self._log_path(pod.uid, config.name, config.attempt)
         created_at = _now()
-        container_id = uuid.uuid4().hex
+        container_id = random_hex()
         env[ID_VARIABLE] = container_id
         settings = self._cgroup_settings(config)
         config, message_file = message_bind(config, pod.uid)

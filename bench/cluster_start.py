@@ -1,0 +1,121 @@
+"""Cluster mode against the file source: P pods bound to one node through the fixture API server
+(tests/fixtures/apiserver/), and how soon each one's status reaches the API server.
+
+`run()` first times the file source (bench/latency.py: P manifests written at once, until all
+run), then one agent in cluster mode: P pods created in the API server with spec.nodeName set
+(as the scheduler binds), polled there until every one is Running and ready. Per pod, the status
+lag is when the API server was first seen holding it running minus the container's startedAt
+as the agent recorded it (its /pods, to the microsecond; the API's startedAt has seconds
+only), so it is at most the poll interval too long. Issue 19's targets: all running within 2x
+the file source's time, and each status within 1 s of the change.
+
+    python -m bench.cluster_start [pods]
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import latency
+from bench.cluster_scale import _node_kubeconfig, _pod, _running, _unmount_under, _wait
+from bench.stats import percentiles
+from bench.targets import Target, at_most
+from bench.targets import table as target_table
+from tests.fixtures.apiserver import ApiServer
+from tests.integration.agent import Agent
+
+NODE = "start-node"
+POLL_SECONDS = 0.1
+
+
+def run(pods: int = 1000) -> dict[str, Any]:
+    file_source = latency.run(pods, start_only=True)["start"]
+    with (
+        tempfile.TemporaryDirectory(prefix="pykubelet-cluster-start-") as tmp,
+        ApiServer() as server,
+    ):
+        work = Path(tmp)
+        (work / "manifests").mkdir()
+        kubeconfig = _node_kubeconfig(server, work / "kubeconfig", NODE)
+        extra = ["--kubeconfig", str(kubeconfig), "--hostname-override", NODE]
+        extra += ["--max-pods", str(pods + 10)]
+        agent = Agent(work / "manifests", work / "root", work / "agent.log", extra).start(60)
+        try:
+            _wait("the node registered", lambda: server.get("nodes", NODE) is not None, 60)
+            created = time.time()
+            for i in range(pods):
+                server.create("pods", _pod(f"{NODE}-p{i}", NODE))
+            seen: dict[str, float] = {}  # pod name -> when the API server was seen with it running
+            deadline = time.monotonic() + 60 + pods * 0.5
+            while len(seen) < pods and time.monotonic() < deadline:
+                listed = server.list("pods")
+                now = time.time()
+                for p in listed:
+                    name = p["metadata"]["name"]
+                    if name not in seen and _running(p):
+                        seen[name] = now
+                time.sleep(POLL_SECONDS)
+            if len(seen) < pods:
+                raise AssertionError(f"only {len(seen)} of {pods} pods running in the API server")
+            started = {p["metadata"]["name"]: latency._started_at(p) for p in agent.pods().values()}
+        finally:
+            agent.stop(signal.SIGTERM, timeout=120)
+            _unmount_under(work)
+    lags = [seen[name] - at for name, at in started.items() if name in seen and at is not None]
+    all_running = max(seen.values()) - created
+    return {
+        "pods": pods,
+        "file_source_all_running_seconds": file_source["all_running_seconds"],
+        "all_running_seconds": round(all_running, 3),
+        "ratio_to_file_source": round(all_running / file_source["all_running_seconds"], 2),
+        "status_lag_seconds": percentiles(lags),
+        "poll_seconds": POLL_SECONDS,
+    }
+
+
+def table(r: dict[str, Any]) -> list[str]:
+    lag = r["status_lag_seconds"]
+    return [
+        f"cluster start n={r['pods']}: all running in the API server "
+        f"{r['all_running_seconds']:.2f}s "
+        f"after creation, the file source {r['file_source_all_running_seconds']:.2f}s (ratio "
+        f"{r['ratio_to_file_source']}x); status lag (API server running - startedAt, polled "
+        f"every {r['poll_seconds']}s) p50 {lag['p50']:.3f}s p99 {lag['p99']:.3f}s max "
+        f"{lag['max']:.3f}s"
+    ]
+
+
+def targets(r: dict[str, Any]) -> list[Target]:
+    n = f"{r['pods']:,}"
+    return [
+        at_most(
+            f"cluster mode, {n} pods through the API: all running, ratio to the file source",
+            r["ratio_to_file_source"],
+            2.0,
+            "x",
+            f"{r['all_running_seconds']:.2f} s vs {r['file_source_all_running_seconds']:.2f} s",
+        ),
+        at_most(
+            f"cluster mode, {n} pods: each status in the API server after the change, p99",
+            r["status_lag_seconds"]["p99"],
+            1.0,
+            "s",
+            f"max {r['status_lag_seconds']['max']:.2f} s, polled every {r['poll_seconds']} s",
+        ),
+    ]
+
+
+def main(argv: list[str]) -> int:
+    r = run(int(argv[0]) if argv else 1000)
+    for line in table(r) + target_table(targets(r)):
+        print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
