@@ -115,6 +115,7 @@ def make_runtime(opts: Options, host_ip: str, resources: NodeResources | None = 
         pod_pids_limit=opts.pod_max_pids,
         pods_limits=limits,
         reserved_cgroups=reserved,
+        cgroup_root=opts.cgroup_root,
     )
 
 

@@ -209,6 +209,13 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
         help="how often resource usage is sampled: CPU, memory, file systems (10s, cAdvisor's)",
     )
     group.add_argument(
+        "--cgroup-root",
+        default="",
+        metavar="PATH",
+        help="the cgroup (absolute, e.g. /pykubelet) under which the process runtime makes the "
+        "pods' kubepods cgroup (default: a pykubelet cgroup under the agent's own)",
+    )
+    group.add_argument(
         "--enforce-node-allocatable",
         type=_list,
         default=["pods"],
@@ -718,6 +725,7 @@ def _node_allocatable(parser: argparse.ArgumentParser, ns: argparse.Namespace) -
         "enforce_node_allocatable": ns.enforce_node_allocatable,
         "system_reserved_cgroup": ns.system_reserved_cgroup,
         "kube_reserved_cgroup": ns.kube_reserved_cgroup,
+        "cgroup_root": ns.cgroup_root,
         "eviction_max_pod_grace_period": ns.eviction_max_pod_grace_period,
         "eviction_pressure_transition_period": ns.eviction_pressure_transition_period,
         "eviction_monitoring_interval": ns.eviction_monitoring_interval,

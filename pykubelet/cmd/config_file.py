@@ -36,7 +36,7 @@ API_VERSION = "kubelet.config.k8s.io/v1beta1"
 # KubeletConfiguration fields we know and do not implement: named so, not "unknown".
 NOT_SUPPORTED = frozenset(
     {
-        "cgroupRoot", "featureGates", "serializeImagePulls",
+        "featureGates", "serializeImagePulls",
         "nodeLeaseDurationSeconds",
     }
 )  # fmt: skip
@@ -254,6 +254,7 @@ class KubeletConfiguration(_Model):
     enforce_node_allocatable: list[str] | None = None
     system_reserved_cgroup: str | None = None
     kube_reserved_cgroup: str | None = None
+    cgroup_root: str | None = None
     image_gc_high_threshold_percent: int | None = Field(
         default=None, alias="imageGCHighThresholdPercent"
     )
@@ -424,6 +425,7 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "enforce_node_allocatable": ("enforce_node_allocatable", list),
         "system_reserved_cgroup": ("system_reserved_cgroup", str),
         "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
+        "cgroup_root": ("cgroup_root", str),
         "register_node": ("register_node", bool),
         "provider_id": ("provider_id", str),
         "image_gc_high_threshold_percent": ("image_gc_high_threshold", int),

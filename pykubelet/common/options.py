@@ -129,6 +129,9 @@ class Options:
     enforce_node_allocatable: list[str] = field(default_factory=lambda: [ENFORCE_PODS])
     system_reserved_cgroup: str = ""
     kube_reserved_cgroup: str = ""
+    # The cgroup (absolute in each hierarchy) under which the process runtime makes `kubepods`;
+    # "" is its own default, a `pykubelet` cgroup under the agent's own.
+    cgroup_root: str = ""
     # Sysctls (names, or prefixes ending in "*") pods may set beyond the kubelet's safe set.
     allowed_unsafe_sysctls: list[str] = field(default_factory=list)
     # Garbage collection (kubelet/container_gc.py, kubelet/image_gc.py); the periods are the
@@ -218,6 +221,7 @@ class Options:
             "enforceNodeAllocatable": list(self.enforce_node_allocatable),
             "systemReservedCgroup": self.system_reserved_cgroup,
             "kubeReservedCgroup": self.kube_reserved_cgroup,
+            "cgroupRoot": self.cgroup_root,
             "imageGCHighThresholdPercent": self.image_gc_high_threshold,
             "imageGCLowThresholdPercent": self.image_gc_low_threshold,
             "imageMinimumGCAge": format_duration(self.image_minimum_gc_age),
@@ -383,6 +387,15 @@ class Options:
     def _node_allocatable_problems(self) -> list[str]:
         """The kubelet's validation of enforceNodeAllocatable, in its words."""
         out = []
+        if self.cgroup_root:
+            if self.container_runtime != "process":
+                out.append(
+                    f"--cgroup-root: not supported with --container-runtime "
+                    f"{self.container_runtime} (the engine places the pods' cgroups; the process "
+                    "runtime places them under it)"
+                )
+            elif not self.cgroup_root.startswith("/") or ".." in self.cgroup_root.split("/"):
+                out.append(f"--cgroup-root {self.cgroup_root!r}: must be an absolute cgroup path")
         for key in self.enforce_node_allocatable:
             if key == ENFORCE_SYSTEM_RESERVED and not self.system_reserved_cgroup:
                 out.append(

@@ -3,8 +3,10 @@ capacity, counted by admission, shown on the status page and reported on the Nod
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,15 +116,6 @@ def test_the_node_reports_allocatable_in_the_api_server(
     assert agent.proc is not None and agent.proc.poll() is None
 
 
-def _own_cgroup(controller: str) -> Path:
-    """Where the agent (our child) puts its cgroups on the v1 `controller` hierarchy."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, names, path = line.split(":", 2)
-        if controller in names.split(","):
-            return Path("/sys/fs/cgroup") / controller / path.lstrip("/") / "pykubelet"
-    raise AssertionError(f"no {controller} cgroup v1 hierarchy")
-
-
 @pytest.mark.skipif(
     os.geteuid() != 0 or not Path("/sys/fs/cgroup/memory/cgroup.procs").exists(),
     reason="needs root and the cgroup v1 memory controller",
@@ -144,7 +137,32 @@ def test_kubepods_is_sized_to_allocatable_and_holds_the_pods_by_qos_class(
     )
     # --pod-max-pids gives every container cgroups, BestEffort ones too.
     write_pod(manifests, "besteffort", pod_yaml("besteffort", "exec sleep 600"))
-    agent = start_agent("--system-reserved=memory=1Gi,pid=1000", "--pod-max-pids=100")
+    # A cgroup root of its own: agents of other tests (running at once) size the default one.
+    root = f"/pykubelet-test-{uuid.uuid4().hex[:8]}"
+    agent = start_agent(
+        "--system-reserved=memory=1Gi,pid=1000", "--pod-max-pids=100", f"--cgroup-root={root}"
+    )
+    try:
+        _check_kubepods(agent, root, cpus)
+    finally:
+        agent.stop()
+        _remove_cgroups(root)
+
+
+def _remove_cgroups(root: str) -> None:
+    for controller in ("memory", "cpu", "pids", "cpu,cpuacct"):
+        top = Path("/sys/fs/cgroup") / controller / root.lstrip("/")
+        if not top.is_dir() or top.is_symlink():
+            continue
+        for directory in sorted(top.rglob("*"), key=lambda d: -len(d.parts)):
+            if directory.is_dir():
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+        with contextlib.suppress(OSError):
+            top.rmdir()
+
+
+def _check_kubepods(agent: Agent, root: str, cpus: int) -> None:
     for name in ("guaranteed", "burstable", "besteffort"):
         wait_for(
             f"{name} running",
@@ -154,7 +172,10 @@ def test_kubepods_is_sized_to_allocatable_and_holds_the_pods_by_qos_class(
                 and "running" in p["status"]["containerStatuses"][0]["state"]
             ),
         )
-    memory, cpu, pids = (_own_cgroup(c) / "kubepods" for c in ("memory", "cpu", "pids"))
+    memory, cpu, pids = (
+        Path("/sys/fs/cgroup") / c / root.lstrip("/") / "kubepods"
+        for c in ("memory", "cpu", "pids")
+    )
     # The reservations, not the eviction threshold (eviction acts before the OOM killer).
     limit = int((memory / "memory.limit_in_bytes").read_text())
     assert limit == memory_capacity() - GIB

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.integration.agent import (
     NODE,
@@ -163,11 +164,17 @@ spec:
 
 
 def _check_termination_messages(agent, tmp_path: Path, backend: Backend) -> None:  # type: ignore[no-untyped-def]
-    pod = wait_for(
-        "farewell failed",
-        lambda: (p := agent.pod("farewell")) and p["status"]["phase"] == "Failed" and p,
-    )
-    states = {s["name"]: s["state"]["terminated"] for s in pod["status"]["containerStatuses"]}
+    def terminated(p: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not p or p["status"]["phase"] != "Failed":
+            return None
+        states = {s["name"]: s["state"]["terminated"] for s in p["status"]["containerStatuses"]}
+        # The message is read from the file (or the log) after the exit: the status that shows
+        # the exit may come a moment before the one with its message.
+        return states if all("message" in st for st in states.values()) else None
+
+    pod = wait_for("farewell failed", lambda: (p := agent.pod("farewell")) and terminated(p) and p)
+    states = terminated(pod)
+    assert states is not None
     assert states["bye"]["exitCode"] == 3 and states["bye"]["message"] == "bye", states
     # The last 80 lines of the log (at most 2048 bytes).
     tail = "".join(f"line {i}\n" for i in range(21, 101))
@@ -260,7 +267,9 @@ def test_agent_sigkill_then_restart_adopts_running_pods(
     agent = start_agent(*backend.flags)
     pod = wait_for("keep running", lambda: running(agent, "keep"))
     pid = backend.pid_of(agent, "keep")
-    assert processes_with(marker) == [pid]
+    # An engine reports the container running while its process may still be the runtime's
+    # init, a moment before it execs the shell that carries the marker.
+    wait_for("the container's shell", lambda: processes_with(marker) == [pid], timeout=10)
 
     agent.stop(signal.SIGKILL)
     assert pid_alive(pid), "pods keep running when the agent dies"

@@ -116,6 +116,12 @@ def test_reservations_parse_every_resource_the_kubelet_reserves() -> None:
             "docker (the process runtime enforces it)",
         ),
         (
+            "--container-runtime=remote --cgroup-root=/pods",
+            "--cgroup-root: not supported with --container-runtime remote (the engine places the "
+            "pods' cgroups; the process runtime places them under it)",
+        ),
+        ("--cgroup-root=pods", "--cgroup-root 'pods': must be an absolute cgroup path"),
+        (
             "--enforce-node-allocatable=cpus",
             'invalid configuration: option "cpus" specified for enforceNodeAllocatable '
             '(--enforce-node-allocatable). Valid options are "pods", "system-reserved", '

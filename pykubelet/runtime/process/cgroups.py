@@ -146,10 +146,13 @@ class Cgroups:
         parent: str = PARENT,
         proc: Path = Path("/proc/self"),
         pods_limits: PodsLimits | None = None,
+        cgroup_root: str = "",
     ) -> None:
         self.pod_pids_limit = pod_pids_limit
         self._pods_limits = pods_limits or PodsLimits()
         self._parent = parent
+        # --cgroup-root: the parent at that absolute path of each hierarchy, not under our own.
+        self._root = cgroup_root.strip("/")
         self._proc = proc  # where the mounts and our own cgroups are read (tests: a fake tree)
         self._hierarchies: list[Hierarchy] = []
         self._problem: str | None = "cgroups were not detected yet"
@@ -178,21 +181,28 @@ class Cgroups:
         problems: list[str] = []
         for name in CONTROLLERS:
             if v2 is not None and name in v2_controllers:
-                hierarchy = Hierarchy(name, 2, v2 / self._parent, v2)
+                parent = v2 / (self._root or self._parent)
+                hierarchy = Hierarchy(name, 2, parent, v2)
             elif name in v1 and name in own:
-                own_dir = v1[name] / own[name].lstrip("/")
-                hierarchy = Hierarchy(name, 1, own_dir / self._parent, v1[name])
+                if self._root:
+                    parent = v1[name] / self._root
+                else:
+                    parent = v1[name] / own[name].lstrip("/") / self._parent
+                hierarchy = Hierarchy(name, 1, parent, v1[name])
             else:
                 problems.append(f"no {name} controller is mounted")
                 continue
             try:
-                hierarchy.parent.mkdir(exist_ok=True)
+                hierarchy.parent.mkdir(parents=True, exist_ok=True)
                 kubepods = hierarchy.parent / KUBEPODS
                 for directory in (kubepods, *(kubepods / d for d in QOS_DIRS.values() if d)):
                     directory.mkdir(exist_ok=True)
                 if hierarchy.version == 2:
-                    _write(hierarchy.parent.parent / "cgroup.subtree_control", f"+{name}")
-                    for directory in (hierarchy.parent, kubepods):
+                    # The controller enabled on the way down from the root to kubepods.
+                    assert hierarchy.mount is not None
+                    ancestors = [hierarchy.mount, *reversed(hierarchy.parent.parents)]
+                    below_root = [a for a in ancestors if a.is_relative_to(hierarchy.mount)]
+                    for directory in (*dict.fromkeys(below_root), hierarchy.parent, kubepods):
                         _write(directory / "cgroup.subtree_control", f"+{name}")
                     for qos_dir in QOS_DIRS.values():
                         if qos_dir:

@@ -124,8 +124,9 @@ class ProcessRuntime:
         pod_pids_limit: int = -1,
         pods_limits: PodsLimits | None = None,
         reserved_cgroups: tuple[ReservedCgroup, ...] = (),
+        cgroup_root: str = "",
     ) -> None:
-        self._cgroups = Cgroups(pod_pids_limit, pods_limits=pods_limits)
+        self._cgroups = Cgroups(pod_pids_limit, pods_limits=pods_limits, cgroup_root=cgroup_root)
         self._reserved_cgroups = reserved_cgroups
         self._dir = root_dir / "runtime" / "process"
         # Where the volumes of pods are mounted (pykubelet.pod.volumes): no container's namespace
