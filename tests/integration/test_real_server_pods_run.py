@@ -45,16 +45,15 @@ point /host the runtime creates on the host is removed afterwards.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.fixtures.apiserver import ApiServer
 from tests.integration.agent import Agent, Backend, wait_for
-from tests.integration.test_cluster import KubeClient
+from tests.integration.test_cluster import KubeClient, apiserver  # noqa: F401
 
 Obj = dict[str, Any]
 
@@ -138,14 +137,6 @@ def corpus_pod(name: str) -> Obj:
     return pod
 
 
-@pytest.fixture
-def apiserver() -> Iterator[ApiServer]:
-    server = ApiServer(bookmark_interval=0.5)
-    server.start()
-    yield server
-    server.close()
-
-
 def _ready(pod: Obj | None) -> bool:
     if pod is None or pod.get("status", {}).get("phase") != "Running":
         return False
@@ -164,7 +155,7 @@ def _phase(pod: Obj | None) -> str:
 
 
 def test_the_corpus_runs_on_one_node(
-    apiserver: ApiServer,
+    apiserver: ApiServer,  # noqa: F811
     tmp_path: Path,
     backend: Backend,
     start_agent: Callable[..., Agent],
@@ -205,7 +196,7 @@ def test_the_corpus_runs_on_one_node(
 
 
 def _check_the_corpus(
-    apiserver: ApiServer,
+    apiserver: ApiServer,  # noqa: F811
     client: KubeClient,
     agent: Agent,
     served: dict[str, Obj],
