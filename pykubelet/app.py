@@ -265,6 +265,7 @@ async def run_agent(opts: Options) -> int:
         opts.housekeeping_interval,
         root_dir=opts.root_dir,
         storage=runtime,
+        storage_period=opts.volume_stats_agg_period,
     )
     kubelet = Kubelet(
         opts,

@@ -209,6 +209,14 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
         help="how often resource usage is sampled: CPU, memory, file systems (10s, cAdvisor's)",
     )
     group.add_argument(
+        "--volume-stats-agg-period",
+        type=_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="how often the pods' volumes, logs and writable layers are measured (the Summary "
+        "API's file systems; eviction measures at once when it needs to); 0: the default (1m)",
+    )
+    group.add_argument(
         "--cgroup-root",
         default="",
         metavar="PATH",
@@ -730,6 +738,7 @@ def _node_allocatable(parser: argparse.ArgumentParser, ns: argparse.Namespace) -
         "eviction_pressure_transition_period": ns.eviction_pressure_transition_period,
         "eviction_monitoring_interval": ns.eviction_monitoring_interval,
         "housekeeping_interval": ns.housekeeping_interval,
+        "volume_stats_agg_period": ns.volume_stats_agg_period or 60.0,
     }
     parsers: dict[str, Callable[[dict[str, str]], Any]] = {
         "kube_reserved": node_resources.parse_reserved,

@@ -134,16 +134,13 @@ IGNORED: dict[str, Ignored] = {
         _duration_is(),
         "graceful node shutdown is not implemented: only 0s (off, the default) is supported",
     ),
-    "volumeStatsAggPeriod": Ignored(
-        "volume usage is measured when the stats are asked for, not on a period"
-    ),
 }
 LOGGING_IGNORED = "klog's buffering and flushing, which pykubelet's logging does not have"
 # Durations the kubelet's defaulting replaces when zero (SetDefaults_KubeletConfiguration).
 ZERO_IS_DEFAULT = frozenset(
     {
         "sync_frequency", "file_check_frequency", "http_check_frequency",
-        "streaming_connection_idle_timeout",
+        "streaming_connection_idle_timeout", "volume_stats_agg_period",
     }
 )  # fmt: skip
 
@@ -230,6 +227,7 @@ class KubeletConfiguration(_Model):
     http_check_frequency: str | None = None
     sync_frequency: str | None = None
     streaming_connection_idle_timeout: str | None = None
+    volume_stats_agg_period: str | None = None
     address: str | None = None
     read_only_port: int | None = Field(default=None, ge=0, le=65535)
     port: int | None = Field(default=None, ge=0, le=65535)
@@ -325,6 +323,7 @@ class KubeletConfiguration(_Model):
         "http_check_frequency",
         "sync_frequency",
         "streaming_connection_idle_timeout",
+        "volume_stats_agg_period",
         "image_minimum_gc_age",
         "container_log_monitor_interval",
         "eviction_pressure_transition_period",
@@ -419,6 +418,7 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "http_check_frequency": ("http_check_frequency", parse_duration),
         "sync_frequency": ("sync_frequency", parse_duration),
         "streaming_connection_idle_timeout": ("streaming_connection_idle_timeout", parse_duration),
+        "volume_stats_agg_period": ("volume_stats_agg_period", parse_duration),
         "kube_reserved": ("kube_reserved", node_resources.parse_reserved),
         "system_reserved": ("system_reserved", node_resources.parse_reserved),
         "eviction_hard": ("eviction_hard", node_resources.parse_thresholds),

@@ -160,6 +160,9 @@ class Options:
     eviction_monitoring_interval: float = 10.0
     # How often the stats collector samples (cAdvisor's flag, which the kubelet keeps).
     housekeeping_interval: float = 10.0
+    # How often the file systems (volumes, logs, writable layers) are measured: the kubelet's
+    # volume usage cache period.
+    volume_stats_agg_period: float = 60.0
     log_format: str = "text"
     verbosity: int = 0
 
@@ -221,6 +224,7 @@ class Options:
             "enforceNodeAllocatable": list(self.enforce_node_allocatable),
             "systemReservedCgroup": self.system_reserved_cgroup,
             "kubeReservedCgroup": self.kube_reserved_cgroup,
+            "volumeStatsAggPeriod": format_duration(self.volume_stats_agg_period),
             "cgroupRoot": self.cgroup_root,
             "imageGCHighThresholdPercent": self.image_gc_high_threshold,
             "imageGCLowThresholdPercent": self.image_gc_low_threshold,
@@ -380,6 +384,8 @@ class Options:
             out.append("--eviction-pressure-transition-period: must not be negative")
         if self.eviction_monitoring_interval <= 0:
             out.append("--eviction-monitoring-interval: must be greater than 0")
+        if self.volume_stats_agg_period < 0:
+            out.append("--volume-stats-agg-period: must not be negative")
         if self.housekeeping_interval <= 0:
             out.append("--housekeeping-interval: must be greater than 0")
         return out

@@ -83,10 +83,13 @@ class StatsCollector:
         *,
         root_dir: Path | None = None,
         storage: StorageSource | None = None,
+        storage_period: float | None = None,
     ) -> None:
         self._runtime = runtime
         self._storage = (
-            StorageSampler(root_dir, storage, period)
+            StorageSampler(
+                root_dir, storage, period if storage_period is None else storage_period, period
+            )
             if root_dir is not None and storage is not None
             else None
         )

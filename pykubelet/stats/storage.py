@@ -132,17 +132,22 @@ def _time(at: float | None, default: datetime) -> datetime:
 
 
 class StorageSampler:
-    def __init__(self, root_dir: Path, source: StorageSource, period: float) -> None:
+    def __init__(
+        self, root_dir: Path, source: StorageSource, period: float, sample_period: float
+    ) -> None:
+        """`period`: how often to measure (--volume-stats-agg-period); `sample_period`: how often
+        the collector samples (--housekeeping-interval), the granularity of `due`."""
         self._root_dir = root_dir
         self._source = source
         self.period = period
+        self._slack = sample_period / 2
         self._latest: StorageReading | None = None
         self._failing = ""  # what failed in the last sample, logged once
 
     def due(self, now: float) -> bool:
-        """Whether the last reading is old enough to take another (half a period: the
-        collector's own samples come once a period, others in between reuse it)."""
-        return self._latest is None or now - self._latest.at >= self.period / 2
+        """Whether the last reading is old enough to take another: a period old, less half the
+        collector's (its samples come once a sample period; others in between reuse it)."""
+        return self._latest is None or now - self._latest.at >= self.period - self._slack
 
     @property
     def latest(self) -> StorageReading | None:

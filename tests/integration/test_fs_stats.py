@@ -6,8 +6,9 @@ pod's `volume` and `ephemeral-storage` holding them, and the node's `fs` (and `r
 on the engines). The process runtime has no writable layer: its containers write to the host's
 own file system, so only the volume, the logs and the node's file system are there.
 
-`--housekeeping-interval=1s` makes the collector measure every second (containerd measures the
-layers every second too: scripts/containerd-test-env's stats_collect_period).
+`--housekeeping-interval=1s --volume-stats-agg-period=1s` make the collector sample and measure
+the file systems every second (containerd measures the layers every second too:
+scripts/containerd-test-env's stats_collect_period).
 
 The writable layer also counts against `limits.ephemeral-storage`: a container filling its
 layer past its limit has its pod evicted with the kubelet's message (docker only: the path is
@@ -51,7 +52,12 @@ def test_the_summary_reports_writable_layers_logs_volumes_and_the_node_fs(
         pod_yaml("disk", script, grace=1, extra_spec="  volumes: [{name: data, emptyDir: {}}]\n")
         + "    volumeMounts: [{name: data, mountPath: /mnt}]\n",
     )
-    agent = start_agent(*backend.flags, "--housekeeping-interval=1s", "--anonymous-auth")
+    agent = start_agent(
+        *backend.flags,
+        "--housekeeping-interval=1s",
+        "--volume-stats-agg-period=1s",
+        "--anonymous-auth",
+    )
     wait_for("the pod's line", lambda: "written" in agent.logs("disk", "main"), timeout=60)
 
     def measured() -> Obj | None:
@@ -101,7 +107,10 @@ def test_a_writable_layer_past_the_ephemeral_storage_limit_evicts_the_pod(
         pod_yaml("hog", script, grace=1) + "    resources: {limits: {ephemeral-storage: 10Mi}}\n",
     )
     agent = start_agent(
-        *backend.flags, "--housekeeping-interval=1s", "--eviction-monitoring-interval=1s"
+        *backend.flags,
+        "--housekeeping-interval=1s",
+        "--volume-stats-agg-period=1s",
+        "--eviction-monitoring-interval=1s",
     )
     pod = wait_for(
         "the pod evicted",
