@@ -87,7 +87,7 @@ DROPIN := $(DESTDIR)$(UNIT_DIR)/pykubelet.service.d/10-pykubelet.conf
 install:
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || scripts/install-debian-packages python3-venv
 	$(PYTHON) -m venv --clear $(DESTDIR)$(PREFIX)
-	$(DESTDIR)$(PREFIX)/bin/pip install --quiet --disable-pip-version-check .
+	$(DESTDIR)$(PREFIX)/bin/pip install --quiet --disable-pip-version-check --no-compile .
 	@if [ -n "$(DESTDIR)" ]; then \
 		grep -rlI -- '$(DESTDIR)$(PREFIX)' $(DESTDIR)$(PREFIX)/bin | \
 			xargs -r sed -i 's|$(DESTDIR)$(PREFIX)|$(PREFIX)|g'; \

@@ -157,7 +157,7 @@ def _pykubelet(n: int, extra: list[str]) -> dict[str, Any]:
                 tmp_path.write_text(scenario.manifest(i, 1))
                 os.replace(tmp_path, manifests / f"bench-{i}.json")
                 written[i] = time.time()
-            observed, polled, total = latency._wait_running(agent, n, written, {}, 600)
+            observed, polled, total, _ = latency._wait_running(agent, n, written, {}, 600)
         finally:
             # Killed, not stopped: its pods are removed by the caller, all at once.
             agent.stop(signal.SIGKILL, timeout=120)

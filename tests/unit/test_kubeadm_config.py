@@ -20,6 +20,7 @@ IMPLEMENTED = {
     "apiVersion", "kind", "authentication", "authorization", "containerRuntimeEndpoint",
     "fileCheckFrequency", "httpCheckFrequency", "logging", "staticPodPath",
     "streamingConnectionIdleTimeout", "syncFrequency", "clusterDNS", "clusterDomain",
+    "volumeStatsAggPeriod",
     "resolvConf", "imageMinimumGCAge", "evictionPressureTransitionPeriod", "rotateCertificates",
 }  # fmt: skip
 
