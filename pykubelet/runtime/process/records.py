@@ -199,6 +199,10 @@ class ContainerRecord:
     removed: bool = False  # the state file is deleted: never write it again
     cgroup: bool = False  # it has cgroups to read (OOM) and remove at its exit
     finishing: bool = False  # its exit was seen and its cgroups are being emptied
+    # Its exit is recorded, its termination message not read yet: the view still shows it
+    # running, so that the exit and its message reach the status together (as the kubelet
+    # reads the message with the status of the exited container).
+    reading_message: bool = False
     _view: RuntimeContainer | None = field(default=None, init=False, repr=False)
 
     @property
@@ -209,11 +213,16 @@ class ContainerRecord:
         # The relists (PLEG every second, housekeeping, stats) ask for every container: the view
         # is made again only when the exit is recorded, the one change a record sees.
         view = self._view
+        shown = not self.reading_message
+        finished_at = self.finished_at if shown else None
+        exit_code, reason, message = (
+            (self.exit_code, self.reason, self.message) if shown else (None, None, None)
+        )
         if view is not None and (view.finished_at, view.exit_code, view.reason, view.message) == (
-            self.finished_at,
-            self.exit_code,
-            self.reason,
-            self.message,
+            finished_at,
+            exit_code,
+            reason,
+            message,
         ):
             return view
         self._view = view = RuntimeContainer(
@@ -226,13 +235,13 @@ class ContainerRecord:
             attempt=self.attempt,
             spec_hash=self.spec_hash,
             image=self.image,
-            state=ContainerRunState.RUNNING if self.running else ContainerRunState.EXITED,
+            state=ContainerRunState.RUNNING if finished_at is None else ContainerRunState.EXITED,
             created_at=self.created_at,
             started_at=self.started_at,
-            finished_at=self.finished_at,
-            exit_code=self.exit_code,
-            reason=self.reason,
-            message=self.message,
+            finished_at=finished_at,
+            exit_code=exit_code,
+            reason=reason,
+            message=message,
             pid=self.pid,
         )
         return view

@@ -707,6 +707,7 @@ class ProcessRuntime:
             stream.kill()
         rec.finished_at = _now()
         rec.exit_code, rec.reason, rec.message = code, reason, message
+        rec.reading_message = True  # shown exited once _after_exit has read its message
         log.info(
             "container %s of pod %s/%s exited: %d (%s)",
             rec.name,
@@ -721,7 +722,10 @@ class ProcessRuntime:
         stdio = self._stdio.pop(rec.id, None)
         if stdio is not None:
             await stdio.close()  # what its terminal still held reaches the log first
-        rec.message = await exit_message(rec, lambda n: self.read_log(rec.view(), tail_lines=n))
+        try:
+            rec.message = await exit_message(rec, lambda n: self.read_log(rec.view(), tail_lines=n))
+        finally:
+            rec.reading_message = False
         try:
             await self._persist(rec)
         except OSError as e:
