@@ -36,7 +36,7 @@ from pykubelet.config.file import FileSource
 from pykubelet.config.pod_config import PodConfig
 from pykubelet.config.types import API_SOURCE, FILE_SOURCE, HTTP_SOURCE, NotificationMode
 from pykubelet.kubelet.kubelet import Kubelet
-from pykubelet.pod.volumes import NoApiServer, ObjectLookup
+from pykubelet.pod.volumes import NoApiServer, ObjectLookup, ObjectRegistry
 from pykubelet.runtime.base import Runtime, RuntimeFailure
 from pykubelet.runtime.instrumented import InstrumentedRuntime
 from pykubelet.server.auth import (
@@ -251,13 +251,24 @@ async def run_agent(opts: Options) -> int:
     statuses = StatusManager()
     connection = None
     objects: ObjectLookup = NoApiServer()
+    registry: ObjectRegistry | None = None
+    watch_objects: Callable[[], Coroutine[Any, Any, None]] | None = None
     services = None
     if opts.kubeconfig is not None:
         from pykubelet.cluster.objects import ApiObjectLookup
         from pykubelet.cluster.services import ServiceWatch
+        from pykubelet.cluster.watched_objects import WatchedObjects
 
-        connection = ApiConnection(opts.kubeconfig, opts.node_name)
-        objects = ApiObjectLookup(connection)
+        connection = ApiConnection(
+            opts.kubeconfig, opts.node_name, qps=opts.kube_api_qps, burst=opts.kube_api_burst
+        )
+        if opts.config_map_and_secret_change_detection_strategy == "Watch":
+            # The kubelet's default: a watch of each object the desired pods name, read from
+            # its copy (the idle time as the kubelet's: five periodic syncs).
+            objects = registry = watching = WatchedObjects(connection, 5 * opts.sync_frequency)
+            watch_objects = watching.run
+        else:
+            objects = ApiObjectLookup(connection)
         services = ServiceWatch()  # the service variables' Services
     stats = StatsCollector(
         runtime,
@@ -276,6 +287,7 @@ async def run_agent(opts: Options) -> int:
         statuses=statuses,
         objects=objects,
         facts=facts,
+        registry=registry,
         services=services,
         on_sync_loop=notifier.watchdog,
         stats=stats,
@@ -308,6 +320,8 @@ async def run_agent(opts: Options) -> int:
             node_runtime=runtime,
         )
         tasks.extend(cluster.tasks())
+        if watch_objects is not None:
+            tasks.append(("cluster-objects", watch_objects()))
         log.info("joining the cluster of %s as node %s", opts.kubeconfig, opts.node_name)
     if not tasks:
         log.warning(

@@ -4,8 +4,12 @@
 typed boundary). Requests go through its ApiClient (configuration, TLS) with JSON in and out as
 plain dicts: the generated models would re-serialise a MicroTime such as a Lease's renewTime
 without its six fractional digits, which a real API server rejects. The watch is the client's
-`Watch`, which asks for bookmarks and surfaces a 410 as an exception. Every request first takes
-a token from one bucket (the kubelet's defaults: 50 per second, bursts of 100).
+`Watch`, which asks for bookmarks and surfaces a 410 as an exception; the single-object watches
+of ConfigMaps and Secrets (many at once) read the stream themselves (`watch_namespaced`). Every
+request first takes a token from one bucket (--kube-api-qps, --kube-api-burst: the kubelet's
+defaults are 50 per second, bursts of 100) unless it brings its own (the events' client,
+--event-qps). The connection pool has no size limit: each watch holds a connection (HTTP/1.1
+has no streams to share one), and the bucket bounds the requests.
 
 The credentials are ours, not the library's (credentials.py: an exec plugin, a tokenFile, the
 certificate files, kept fresh): the bearer token is set before each request and watch, the
@@ -176,6 +180,9 @@ def _load_configuration(kubeconfig: Path, creds: Credentials) -> Any:
 def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, dict[str, Any]]:
     kube: Any = importlib.import_module("kubernetes.aio.client")
     kube_watch: Any = importlib.import_module("kubernetes.aio.watch")
+    # No limit on connections (aiohttp's 0): a watch holds one for its life, and a pool of 100
+    # shared with the requests would be full at 100 watched ConfigMaps and Secrets.
+    cfg.connection_pool_maxsize = 0
     client = kube.ApiClient(cfg)  # builds the SSL context: reads CA files
     client.user_agent = user_agent
     core = kube.CoreV1Api(client)
@@ -183,6 +190,28 @@ def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, dict[str, Any]]:
     # for requests). Built here, off the event loop, once per resource watched (pods, services).
     watchers = {kind: kube_watch.Watch(return_type="object") for kind in ("pods", "services")}
     return client, core, watchers
+
+
+def _watch_event(status: int, line: bytes) -> Obj:
+    """One line of a watch stream as an event; an ERROR event's Status raised as ApiError (a
+    410 Gone: the version was compacted away)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    obj = event.get("object") if isinstance(event, dict) else None
+    if not isinstance(event, dict) or not isinstance(obj, dict):
+        text = " ".join(line.decode(errors="replace").split())[:200]
+        raise ApiError(status, "BadResponse", f"not a watch event: {text}")
+    kind = str(event.get("type", ""))
+    if kind == "ERROR":
+        code = obj.get("code")
+        raise ApiError(
+            code if isinstance(code, int) else 500,
+            str(obj.get("reason") or "Error"),
+            str(obj.get("message") or "watch"),
+        )
+    return {"type": kind, "object": obj}
 
 
 class KubeApi:
@@ -215,11 +244,17 @@ class KubeApi:
 
     @classmethod
     async def connect(
-        cls, kubeconfig: Path, node_name: str, credentials: Credentials | None = None
+        cls,
+        kubeconfig: Path,
+        node_name: str,
+        credentials: Credentials | None = None,
+        *,
+        qps: float = 50,
+        burst: int = 100,
     ) -> KubeApi:
         """Load the configuration (in a thread: file reads) and the credentials (maybe an exec
         plugin's first run). `credentials`: the kubeconfig's, already read (tests set their
-        periods)."""
+        periods); `qps`, `burst`: the client's bucket (--kube-api-qps, --kube-api-burst)."""
         if credentials is None:
             credentials = await asyncio.to_thread(read_credentials, kubeconfig)
         creds: Credentials = credentials
@@ -235,6 +270,8 @@ class KubeApi:
             core,
             watchers,
             str(cfg.host),
+            qps,
+            burst,
             credentials=creds,
             kubeconfig=kubeconfig,
             user_agent=agent,
@@ -317,8 +354,10 @@ class KubeApi:
         body: Any = None,
         content_type: str = "application/json",
         request_timeout: float = REQUEST_TIMEOUT,
+        limiter: RateLimiter | None = None,
     ) -> Obj:
-        await self.limiter.acquire()
+        """One request; `limiter`: a bucket of its own instead of the client's (events)."""
+        await (limiter or self.limiter).acquire()
         for attempt in (1, 2):
             token = await self._authenticate()
             status, raw = await self._send(
@@ -367,18 +406,22 @@ class KubeApi:
     async def get(self, path: str) -> Obj:
         return await self.request("GET", path)
 
-    async def create(self, path: str, body: Obj) -> Obj:
-        return await self.request("POST", path, body=body)
+    async def create(self, path: str, body: Obj, limiter: RateLimiter | None = None) -> Obj:
+        return await self.request("POST", path, body=body, limiter=limiter)
 
     async def replace(self, path: str, body: Obj) -> Obj:
         return await self.request("PUT", path, body=body)
 
-    async def patch(self, path: str, body: Obj, kind: str = "strategic") -> Obj:
+    async def patch(
+        self, path: str, body: Obj, kind: str = "strategic", limiter: RateLimiter | None = None
+    ) -> Obj:
         content_type = {
             "strategic": "application/strategic-merge-patch+json",
             "merge": "application/merge-patch+json",
         }[kind]
-        return await self.request("PATCH", path, body=body, content_type=content_type)
+        return await self.request(
+            "PATCH", path, body=body, content_type=content_type, limiter=limiter
+        )
 
     async def delete(self, path: str, grace: int | None = None, uid: str | None = None) -> Obj:
         options: Obj = {"apiVersion": "v1", "kind": "DeleteOptions"}
@@ -402,6 +445,75 @@ class KubeApi:
         if cont:
             query.append(("continue", cont))
         return await self.request("GET", "/api/v1/services", query=query, request_timeout=60.0)
+
+    async def list_namespaced(
+        self, resource: str, namespace: str, field_selector: str, limit: int, cont: str | None
+    ) -> Obj:
+        """A page of a core resource's objects in one namespace (`resource`: "configmaps")."""
+        query: list[tuple[str, Any]] = [("fieldSelector", field_selector), ("limit", limit)]
+        if cont:
+            query.append(("continue", cont))
+        return await self.request(
+            "GET", f"/api/v1/namespaces/{namespace}/{resource}", query=query, request_timeout=60.0
+        )
+
+    async def watch_namespaced(
+        self,
+        resource: str,
+        namespace: str,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> AsyncIterator[Obj]:
+        """The watch events of a core resource in one namespace, as `_watch`'s; any number at
+        once (the single-object watches of ConfigMaps and Secrets). The stream is read here, a
+        line an event, as the client's `Watch` would, without an ApiClient of its own each."""
+        await self.limiter.acquire()
+        token = await self._authenticate()
+        query = [
+            ("fieldSelector", field_selector),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", timeout_seconds),
+            ("watch", "true"),
+        ]
+        path = f"/api/v1/namespaces/{namespace}/{resource}"
+        try:
+            params = await self._client.param_serialize(
+                method="GET",
+                resource_path=path,
+                query_params=query,
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+            )
+            resp = await self._client.call_api(*params, _request_timeout=timeout_seconds + 30.0)
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc) from None
+        raw: Any = resp.response  # the aiohttp response, its body not read yet
+        try:
+            status = int(resp.status)
+            if status != 200:
+                if status == 401 and self.credentials is not None:
+                    await self.credentials.unauthorized(token)  # for the next try
+                raise _status_error(status, await raw.read())
+            while True:
+                try:
+                    async with asyncio.timeout(idle_timeout):
+                        line = await raw.content.readline()
+                except TimeoutError:
+                    raise ApiError(
+                        0, "Idle", f"no event or bookmark for {idle_timeout:g}s"
+                    ) from None
+                except ValueError:
+                    raise ApiError(0, "TooLong", "a watch event too long for the client") from None
+                except _TRANSPORT_ERRORS as exc:
+                    raise _transport_error(exc) from None
+                if not line:
+                    return
+                yield _watch_event(status, line)
+        finally:
+            raw.close()
 
     def watch_pods(
         self,

@@ -9,7 +9,8 @@ retried with a jittered back-off, logged once and their recovery logged. `synced
 first complete list (client-go's HasSynced) and stays set; until then `problem` says why not.
 
 Used for the pods bound to the node (config/apiserver.py, keyed by UID, with its metrics through
-the hooks) and for Services (cluster/services.py).
+the hooks), for Services (cluster/services.py) and for each ConfigMap and Secret the pods use
+(cluster/watched_objects.py, one object each).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class Reflector(Generic[K]):
         on_success: Callable[[], None] = lambda: None,
         on_failure: Callable[[str], None] = _no_failure,
         failure_suffix: Callable[[bool], str] = lambda synced: " (retrying)",
+        list_log_level: int = logging.INFO,
+        failures: Failures | None = None,
     ) -> None:
         self.what = what
         self._list_page = list_page
@@ -87,12 +90,14 @@ class Reflector(Generic[K]):
         self._on_success = on_success
         self._on_failure = on_failure
         self._failure_suffix = failure_suffix
+        self._list_log_level = list_log_level
         self.watch_timeout = watch_timeout
         self.objects: dict[K, Obj] = {}
         self.resource_version: str | None = None  # where the watch resumes; None: re-list
         self.synced = asyncio.Event()
         self.problem: str | None = f"the {what} have not been listed yet"
-        self._failures = Failures(f"{what} list/watch of the API server")
+        # Shared by many reflectors of one kind, so an outage is logged once, not once each.
+        self._failures = failures or Failures(f"{what} list/watch of the API server")
         self.lists = 0
         self.watches = 0
 
@@ -168,7 +173,13 @@ class Reflector(Generic[K]):
         self.problem = None
         self.synced.set()
         self._on_success()
-        log.info("listed %d %s at resourceVersion %s", len(objects), self.what, version)
+        log.log(
+            self._list_log_level,
+            "listed %d %s at resourceVersion %s",
+            len(objects),
+            self.what,
+            version,
+        )
         self._on_change()
 
     async def _watch_once(self, api: KubeApi) -> int:

@@ -111,7 +111,7 @@ class Cluster:
             pressure=kubelet.pressure_conditions,
         )
         self.mirrors = MirrorPods(kubelet.pods, self.source, self.node, opts.node_name)
-        self.events = EventSink(opts.node_name)
+        self.events = EventSink(opts.node_name, opts.event_qps, opts.event_burst)
         self.finalizer = FinalDeletes(connection, self.source, self.status, kubelet, runtime)
         self.source.add_listener(self.status.retarget)
         statuses.add_listener(self.status.on_status)

@@ -16,9 +16,12 @@ log = logging.getLogger(__name__)
 
 
 class ApiConnection:
-    def __init__(self, kubeconfig: Path, node_name: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, node_name: str, *, qps: float = 50.0, burst: int = 100
+    ) -> None:
         self.kubeconfig = kubeconfig
         self._node_name = node_name
+        self._qps, self._burst = qps, burst
         self._api: KubeApi | None = None
         self.connected = asyncio.Event()
 
@@ -32,7 +35,9 @@ class ApiConnection:
         failures = Failures(f"loading --kubeconfig {self.kubeconfig}")
         while True:
             try:
-                api = await KubeApi.connect(self.kubeconfig, self._node_name)
+                api = await KubeApi.connect(
+                    self.kubeconfig, self._node_name, qps=self._qps, burst=self._burst
+                )
             except ConfigError as exc:
                 failures.failed(exc, " (retrying; the API server source stays not ready)")
                 await asyncio.sleep(retry.delay())

@@ -1,5 +1,6 @@
-"""The recorder's events, posted to the API server: rate limited (5 a second, bursts of 25, as
-the kubelet's event broadcaster), best effort."""
+"""The recorder's events, posted to the API server, best effort: on a bucket of their own, not
+the client's (the kubelet's event client: --event-qps 50 a second, --event-burst 100; 0: no
+limit), so a burst of events never delays a status or a token."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pykubelet.common.events import Event
 
 log = logging.getLogger(__name__)
 
-EVENT_QPS, EVENT_BURST = 5.0, 25
+EVENT_QPS, EVENT_BURST = 50.0, 100
 EVENT_QUEUE = 1000
 
 
@@ -27,7 +28,8 @@ class EventSink:
         self._pending: OrderedDict[str, Event] = OrderedDict()
         self._posted: OrderedDict[str, None] = OrderedDict()
         self._wake = asyncio.Event()
-        self._limiter = RateLimiter(qps, burst)
+        # 0: no limit (a bucket too large to empty).
+        self._limiter = RateLimiter(qps, burst) if qps > 0 else RateLimiter(1e9, 10**9)
         self.sent = 0
         self.dropped = 0
 
@@ -45,7 +47,6 @@ class EventSink:
             self._wake.clear()
             while self._pending:
                 _, event = self._pending.popitem(last=False)
-                await self._limiter.acquire()
                 try:
                     await self._send(api, event)
                     self.sent += 1
@@ -64,13 +65,15 @@ class EventSink:
                 "message": body["message"],
             }
             try:
-                await api.patch(f"{base}/{meta['name']}", patch, kind="merge")
+                await api.patch(
+                    f"{base}/{meta['name']}", patch, kind="merge", limiter=self._limiter
+                )
                 return
             except ApiError as exc:
                 if exc.status != 404:
                     raise
         try:
-            await api.create(base, body)
+            await api.create(base, body, self._limiter)
         except ApiError as exc:
             if exc.status != 409:
                 raise

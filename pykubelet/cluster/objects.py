@@ -1,6 +1,7 @@
 """ConfigMaps and Secrets for the pods' environment and volumes, read from the API server, and
 service-account tokens from its TokenRequest API (the `ObjectLookup` of `pod/volumes.py` in
-cluster mode)."""
+cluster mode with `configMapAndSecretChangeDetectionStrategy: Get`; `watched_objects.py`, the
+default, reads its tokens here)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,41 @@ from pykubelet.pod.tokens import IssuedToken, TokenRequest
 Obj = dict[str, Any]
 
 
+def config_map_data(namespace: str, name: str, obj: Obj) -> dict[str, str | bytes]:
+    """A ConfigMap's data (text) and binaryData (bytes) by key."""
+    data: dict[str, str | bytes] = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+    try:
+        for key, value in (obj.get("binaryData") or {}).items():
+            data[str(key)] = base64.b64decode(value)  # bytes as they are: a keystore, a gzip
+    except (ValueError, TypeError) as exc:
+        raise EnvError(f'configmap "{namespace}/{name}": binaryData is not base64: {exc}') from None
+    return data
+
+
+def secret_data(namespace: str, name: str, obj: Obj) -> tuple[str, dict[str, bytes]]:
+    """A Secret's type and decoded data by key."""
+    try:
+        data = {str(k): base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    except (ValueError, TypeError) as exc:
+        raise EnvError(f'secret "{namespace}/{name}": data is not base64: {exc}') from None
+    for key, value in (obj.get("stringData") or {}).items():
+        data[str(key)] = str(value).encode()
+    return str(obj.get("type") or "Opaque"), data
+
+
 class ApiObjectLookup:
     """ConfigMaps and Secrets for the pods' env and volumes, read from the API server.
 
-    Read at each sync of a pod that uses them (the kubelet's "Get" strategy): a change reaches
-    the pod's volumes at its next sync, at most --sync-frequency later.
+    Read at each sync of a pod that uses them (the kubelet's "Get" strategy,
+    `configMapAndSecretChangeDetectionStrategy: Get`): a change reaches the pod's volumes at its
+    next sync, at most --sync-frequency later. The default is `watched_objects.py`'s watch.
     """
 
     def __init__(self, connection: ApiConnection) -> None:
         self._connection = connection
 
-    async def _get(self, kind: str, namespace: str, name: str) -> Obj | None:
+    async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """The object (`kind`: "configmaps" or "secrets"), or None if there is none."""
         api = self._connection.api
         if api is None:
             raise EnvError(f'{kind[:-1]} "{name}": not connected to the API server yet')
@@ -38,34 +63,16 @@ class ApiObjectLookup:
             raise EnvError(f'cannot read {kind[:-1]} "{namespace}/{name}": {exc}') from None
 
     async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
-        obj = await self._get("configmaps", namespace, name)
-        if obj is None:
-            return None
-        data: dict[str, str | bytes] = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
-        try:
-            for key, value in (obj.get("binaryData") or {}).items():
-                data[str(key)] = base64.b64decode(value)  # bytes as they are: a keystore, a gzip
-        except (ValueError, TypeError) as exc:
-            raise EnvError(
-                f'configmap "{namespace}/{name}": binaryData is not base64: {exc}'
-            ) from None
-        return data
+        obj = await self.get("configmaps", namespace, name)
+        return None if obj is None else config_map_data(namespace, name, obj)
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         typed = await self.typed_secret(namespace, name)
         return typed[1] if typed is not None else None
 
     async def typed_secret(self, namespace: str, name: str) -> tuple[str, dict[str, bytes]] | None:
-        obj = await self._get("secrets", namespace, name)
-        if obj is None:
-            return None
-        try:
-            data = {str(k): base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
-        except (ValueError, TypeError) as exc:
-            raise EnvError(f'secret "{namespace}/{name}": data is not base64: {exc}') from None
-        for key, value in (obj.get("stringData") or {}).items():
-            data[str(key)] = str(value).encode()
-        return str(obj.get("type") or "Opaque"), data
+        obj = await self.get("secrets", namespace, name)
+        return None if obj is None else secret_data(namespace, name, obj)
 
     async def request_token(self, request: TokenRequest) -> IssuedToken:
         """POST a TokenRequest bound to the pod, as the kubelet's token manager does."""

@@ -387,6 +387,34 @@ def build_parser() -> argparse.ArgumentParser:
         "(an empty value: the pod's in-cluster service account)",
     )
     p.add_argument(
+        "--kube-api-qps",
+        type=float,
+        default=50.0,
+        metavar="QPS",
+        help="requests per second to the API server, on average (default 50)",
+    )
+    p.add_argument(
+        "--kube-api-burst",
+        type=int,
+        default=100,
+        metavar="N",
+        help="requests to the API server at once above --kube-api-qps (default 100)",
+    )
+    p.add_argument(
+        "--event-qps",
+        type=float,
+        default=50.0,
+        metavar="QPS",
+        help="events created per second, on a bucket of their own (default 50; 0: no limit)",
+    )
+    p.add_argument(
+        "--event-burst",
+        type=int,
+        default=100,
+        metavar="N",
+        help="events created at once above --event-qps (default 100)",
+    )
+    p.add_argument(
         "--bootstrap-kubeconfig",
         type=Path,
         metavar="PATH",
@@ -638,6 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--v", dest="verbosity", type=int, default=0, help="log verbosity (0-10)")
     p.add_argument("--version", action="version", version=f"pykubelet {__version__}")
+    # A field of --config only (the kubelet has no flag for it).
+    p.set_defaults(config_map_and_secret_change_detection_strategy="Watch")
     return p
 
 
@@ -679,6 +709,11 @@ def parse_options(argv: Sequence[str]) -> Options:
         sync_frequency=ns.sync_frequency,
         streaming_connection_idle_timeout=ns.streaming_connection_idle_timeout,
         kubeconfig=ns.kubeconfig,
+        kube_api_qps=ns.kube_api_qps,
+        kube_api_burst=ns.kube_api_burst,
+        event_qps=ns.event_qps,
+        event_burst=ns.event_burst,
+        config_map_and_secret_change_detection_strategy=ns.config_map_and_secret_change_detection_strategy,
         bootstrap_kubeconfig=ns.bootstrap_kubeconfig,
         rotate_certificates=ns.rotate_certificates,
         server_tls_bootstrap=ns.server_tls_bootstrap,

@@ -293,6 +293,11 @@ class KubeletConfiguration(_Model):
             node_resources.parse_thresholds(value)
         return value
 
+    kube_api_qps: float | None = Field(default=None, alias="kubeAPIQPS")
+    kube_api_burst: int | None = Field(default=None, alias="kubeAPIBurst")
+    event_record_qps: float | None = Field(default=None, alias="eventRecordQPS")
+    event_burst: int | None = None
+    config_map_and_secret_change_detection_strategy: str | None = None
     register_node: bool | None = None
     register_with_taints: list[TaintConfig] | None = None
     provider_id: str | None = Field(default=None, alias="providerID")
@@ -427,6 +432,14 @@ def as_flag_defaults(config: KubeletConfiguration) -> dict[str, Any]:
         "kube_reserved_cgroup": ("kube_reserved_cgroup", str),
         "cgroup_root": ("cgroup_root", str),
         "register_node": ("register_node", bool),
+        "kube_api_qps": ("kube_api_qps", float),
+        "kube_api_burst": ("kube_api_burst", int),
+        "event_record_qps": ("event_qps", float),
+        "event_burst": ("event_burst", int),
+        "config_map_and_secret_change_detection_strategy": (
+            "config_map_and_secret_change_detection_strategy",
+            str,
+        ),
         "provider_id": ("provider_id", str),
         "image_gc_high_threshold_percent": ("image_gc_high_threshold", int),
         "image_gc_low_threshold_percent": ("image_gc_low_threshold", int),

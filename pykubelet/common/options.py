@@ -61,6 +61,10 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+# The kubelet's ResourceChangeDetectionStrategy values pykubelet has (Cache, a TTL cache, not).
+CHANGE_DETECTION = ("Watch", "Get")
+
+
 def default_node_name() -> str:
     return socket.gethostname().lower()
 
@@ -97,6 +101,13 @@ class Options:
     manifest_url_max_bytes: int = 10 * 1024 * 1024
     manifest_url_ca_file: Path | None = None
     kubeconfig: Path | None = None
+    # The API client's bucket (the kubelet's kubeAPIQPS, kubeAPIBurst), the events' own
+    # (eventRecordQPS, eventBurst; 0: no limit) and how ConfigMaps and Secrets are read.
+    kube_api_qps: float = 50.0
+    kube_api_burst: int = 100
+    event_qps: float = 50.0
+    event_burst: int = 100
+    config_map_and_secret_change_detection_strategy: str = "Watch"
     # TLS bootstrap and rotation (cluster/bootstrap.py, cluster/certificates.py).
     bootstrap_kubeconfig: Path | None = None
     rotate_certificates: bool = False
@@ -210,6 +221,13 @@ class Options:
             },
             "maxPods": self.max_pods,
             "registerNode": self.register_node,
+            "kubeAPIQPS": self.kube_api_qps,
+            "kubeAPIBurst": self.kube_api_burst,
+            "eventRecordQPS": self.event_qps,
+            "eventBurst": self.event_burst,
+            "configMapAndSecretChangeDetectionStrategy": (
+                self.config_map_and_secret_change_detection_strategy
+            ),
             "registerWithTaints": [t.as_api() for t in self.register_with_taints],
             "providerID": self.provider_id,
             "podPidsLimit": self.pod_max_pids,
@@ -300,6 +318,25 @@ class Options:
                 problems.append(f"{flag}: must be greater than 0")
         if self.streaming_connection_idle_timeout < 0:
             problems.append("--streaming-connection-idle-timeout: must not be negative")
+        if self.kube_api_qps <= 0:
+            problems.append("--kube-api-qps: must be greater than 0")
+        if self.kube_api_burst < 1:
+            problems.append("--kube-api-burst: must be at least 1")
+        if self.event_qps < 0:
+            problems.append("--event-qps: must not be negative (0: no limit)")
+        if self.event_qps > 0 and self.event_burst < 1:
+            problems.append("--event-burst: must be at least 1 (with --event-qps above 0)")
+        if self.config_map_and_secret_change_detection_strategy not in CHANGE_DETECTION:
+            problems.append(
+                "configMapAndSecretChangeDetectionStrategy: "
+                f"{self.config_map_and_secret_change_detection_strategy!r}: "
+                + (
+                    "not supported by pykubelet (its TTL cache is not implemented; Watch, the "
+                    "default, or Get)"
+                    if self.config_map_and_secret_change_detection_strategy == "Cache"
+                    else "must be Watch or Get"
+                )
+            )
         if self.max_pods < 1:
             problems.append("--max-pods: must be at least 1")
         for path in self.allowed_host_paths:

@@ -58,7 +58,7 @@ from pykubelet.pod.envvars import (
 from pykubelet.pod.network import PodNetwork
 from pykubelet.pod.sync import PodSync, TerminatedListener
 from pykubelet.pod.tokens import TokenManager
-from pykubelet.pod.volumes import ObjectLookup, VolumeManager
+from pykubelet.pod.volumes import ObjectLookup, ObjectRegistry, VolumeManager
 from pykubelet.pod.workers import PodWorkers, UpdateType, WorkerState
 from pykubelet.probes.handlers import ActionRunner
 from pykubelet.probes.prober import ProbeManager
@@ -95,12 +95,14 @@ class Kubelet:
         statuses: StatusManager,
         objects: ObjectLookup,
         facts: MachineFacts,
+        registry: ObjectRegistry | None = None,
         services: ServiceEnv | None = None,
         on_sync_loop: Callable[[], None] | None = None,
         stats: Sampler | None = None,
     ) -> None:
         """`on_sync_loop` is called at each turn of the sync loop (the service manager's
-        watchdog: a loop that stops turning gets the agent restarted)."""
+        watchdog: a loop that stops turning gets the agent restarted); `registry` hears of the
+        desired pods (the ConfigMaps and Secrets `objects` will be asked for)."""
         self.options = options
         self._on_sync_loop = on_sync_loop
         self.node_name = options.node_name
@@ -156,7 +158,7 @@ class Kubelet:
             services=self._services,
             network=network,
         )
-        self._pods = PodStore()
+        self._pods = PodStore(registry)
         self._workers = PodWorkers(self._syncer, options.sync_frequency, clock=time.monotonic)
         self._eviction = EvictionManager(
             rules(

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from pykubelet.api.model import Pod
+from pykubelet.pod.volumes import ObjectRegistry
 
 
 class PodView(Protocol):
@@ -28,9 +29,14 @@ class PodView(Protocol):
 
 
 class PodStore:
-    """The desired pods, by UID and by (namespace, name); a name points at the UID stored last."""
+    """The desired pods, by UID and by (namespace, name); a name points at the UID stored last.
 
-    def __init__(self) -> None:
+    `registry` hears of each pod stored, changed and removed (the ConfigMaps and Secrets it
+    will read are watched from then on, in cluster mode).
+    """
+
+    def __init__(self, registry: ObjectRegistry | None = None) -> None:
+        self._registry = registry
         self._pods: dict[str, Pod] = {}
         self._by_name: dict[tuple[str, str], str] = {}
 
@@ -56,11 +62,15 @@ class PodStore:
     def put(self, pod: Pod) -> None:
         self._pods[pod.uid] = pod
         self._by_name[(pod.metadata.namespace, pod.metadata.name)] = pod.uid
+        if self._registry is not None:
+            self._registry.register_pod(pod)
 
     def replace(self, pod: Pod) -> None:
         """A new version of a stored pod that the workers need not hear of (a reconcile)."""
         if pod.uid in self._pods:
             self._pods[pod.uid] = pod
+            if self._registry is not None:
+                self._registry.register_pod(pod)
 
     def remove(self, uid: str) -> Pod | None:
         pod = self._pods.pop(uid, None)
@@ -68,4 +78,6 @@ class PodStore:
             key = (pod.metadata.namespace, pod.metadata.name)
             if self._by_name.get(key) == uid:
                 del self._by_name[key]
+            if self._registry is not None:
+                self._registry.unregister_pod(uid)
         return pod

@@ -99,6 +99,19 @@ class ObjectLookup(Protocol):
         ...
 
 
+class ObjectRegistry(Protocol):
+    """Hears which pods are desired, to know which ConfigMaps and Secrets they will read (the
+    kubelet's RegisterPod/UnregisterPod of its secret and configmap managers)."""
+
+    def register_pod(self, pod: Pod) -> None:
+        """The pod entered the desired pods, or changed."""
+        ...
+
+    def unregister_pod(self, uid: str) -> None:
+        """The pod left the desired pods."""
+        ...
+
+
 class NoApiServer:
     """Without --kubeconfig there are no ConfigMaps or Secrets to read."""
 

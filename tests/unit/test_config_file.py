@@ -119,3 +119,41 @@ def test_garbage_collection_and_log_rotation_fields(
         "imageGCLowThresholdPercent (50) must be less than imageGCHighThresholdPercent (50)"
         in capsys.readouterr().err
     )
+
+
+def test_api_client_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    defaults = parse_options([])
+    assert (defaults.kube_api_qps, defaults.kube_api_burst) == (50, 100)
+    assert (defaults.event_qps, defaults.event_burst) == (50, 100)
+    assert defaults.config_map_and_secret_change_detection_strategy == "Watch"
+    fields = {
+        "kubeAPIQPS": 200,
+        "kubeAPIBurst": 400,
+        "eventRecordQPS": 0,
+        "eventBurst": 10,
+        "configMapAndSecretChangeDetectionStrategy": "Get",
+    }
+    path = write(tmp_path, config_file.dump(fields))
+    opts = parse_options(["--config", str(path), "--kube-api-burst", "300"])
+    assert (opts.kube_api_qps, opts.kube_api_burst) == (200, 300)  # the flag wins
+    assert (opts.event_qps, opts.event_burst) == (0, 10)  # 0: no limit on events
+    served = opts.kubelet_configuration()
+    assert {k: served[k] for k in fields} == {**fields, "kubeAPIBurst": 300}
+    for body, flags, message in (
+        (
+            {"configMapAndSecretChangeDetectionStrategy": "Cache"},
+            [],
+            "configMapAndSecretChangeDetectionStrategy: 'Cache': not supported by pykubelet",
+        ),
+        (
+            {"configMapAndSecretChangeDetectionStrategy": "Poll"},
+            [],
+            "configMapAndSecretChangeDetectionStrategy: 'Poll': must be Watch or Get",
+        ),
+        ({}, ["--kube-api-qps", "0"], "--kube-api-qps: must be greater than 0"),
+        ({}, ["--event-qps", "-1"], "--event-qps: must not be negative (0: no limit)"),
+    ):
+        path = write(tmp_path, config_file.dump(body))
+        with pytest.raises(SystemExit):
+            parse_options(["--config", str(path), *flags])
+        assert message in capsys.readouterr().err
