@@ -134,7 +134,7 @@ def run(nodes: int = 10, pods: int = 110, window: float = 60.0) -> dict[str, Any
             total = nodes * pods
             _wait(
                 f"{total} pods running",
-                lambda: sum(_running(p) for p in server.list("pods")) == total,
+                lambda: sum(server.scan("pods", _running)) == total,
                 timeout=60 + total * 0.5,
                 interval=0.2,
             )

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import ipaddress
 import json
 import logging
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
@@ -172,9 +175,33 @@ def _load_configuration(kubeconfig: Path, creds: Credentials) -> Any:
         raise ConfigError(f"{kubeconfig or 'in-cluster config'}: {exc}") from None
     # The token is ours to set, request by request (and never read on the event loop).
     cfg.refresh_api_key_hook = None
+    # The environment's proxy decided once, here: aiohttp's trust_env would look up ~/.netrc and
+    # the proxy variables in the default thread pool at every request, queued behind whatever
+    # blocking work fills it (a burst of pod starts held every API request for seconds).
+    cfg.client_session_kwargs = {**(cfg.client_session_kwargs or {}), "trust_env": False}
+    if not cfg.proxy:
+        cfg.proxy = env_proxy(str(cfg.host))
     cfg.api_key.pop("BearerToken", None)
     creds.reset_files()
     return cfg
+
+
+def env_proxy(url: str) -> str | None:
+    """The proxy for `url` from HTTPS_PROXY / HTTP_PROXY and NO_PROXY (either case), as Go's
+    ProxyFromEnvironment decides it for client-go: none for a loopback host or one NO_PROXY
+    names."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        if host == "localhost" or ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme or "https")
+    if not proxy or urllib.request.proxy_bypass(host):  # NO_PROXY, on Linux
+        return None
+    return proxy
 
 
 def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, dict[str, Any]]:

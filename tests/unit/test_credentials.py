@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pykubelet.client.kubeapi import ConfigError, KubeApi, read_credentials
+from pykubelet.client.kubeapi import ConfigError, KubeApi, env_proxy, read_credentials
 from pykubelet.cluster.node import NodeAgent
 from pykubelet.common.machine import read_machine_facts
 from tests.fixtures.apiserver import ApiServer
@@ -333,3 +333,33 @@ async def test_bad_plugin_output_is_refused_naming_the_field(
     message = str(info.value)
     assert message.startswith(f"kubeconfig {kubeconfig}, user 'node': "), message
     assert error in message, message
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "expected"),
+    [
+        ("https://api.example:6443", {"HTTPS_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
+        ("https://api.example:6443", {"https_proxy": "http://p:1"}, "http://p:1"),
+        ("http://api.example:8080", {"HTTPS_PROXY": "http://proxy:3128"}, None),
+        ("http://api.example:8080", {"HTTP_PROXY": "http://proxy:3128"}, "http://proxy:3128"),
+        (
+            "https://api.internal.example",
+            {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "internal.example"},
+            None,
+        ),
+        ("https://127.0.0.1:6443", {"HTTPS_PROXY": "http://proxy:3128"}, None),
+        ("https://localhost:6443", {"HTTPS_PROXY": "http://proxy:3128"}, None),
+        ("https://[::1]:6443", {"HTTPS_PROXY": "http://proxy:3128"}, None),
+        ("https://api.example:6443", {}, None),
+    ],
+)
+def test_the_api_servers_proxy_comes_from_the_environment_as_client_gos(
+    monkeypatch: pytest.MonkeyPatch, url: str, env: dict[str, str], expected: str | None
+) -> None:
+    """Decided once when the client is built (client-go's ProxyFromEnvironment: loopback is
+    never proxied), not looked up again at every request."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert env_proxy(url) == expected

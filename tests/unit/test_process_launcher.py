@@ -81,6 +81,17 @@ async def test_launcher_reports_exec_errors_as_plain_starts_do(
     assert got is not None and got.containers == []  # nothing recorded, nothing left running
 
 
+async def test_a_launched_container_starts_with_no_signal_ignored(rt: ProcessRuntime) -> None:
+    """As runc starts a container: the launcher's Python ignores SIGPIPE and SIGXFSZ, and an
+    exec'd command would inherit that (`yes | head` would never end). Its exec probes too."""
+    pod, sb = await new_pod(rt)
+    script = "grep -E '^Sig(Ign|Blk)' /proc/self/status; yes | head -n 1"
+    c = await rt.start_container(pod, sb, with_(sh(script), **LAUNCHED))
+    done = await wait_exited(rt, c)
+    assert done.exit_code == 0, await rt.read_log(c)
+    assert await rt.read_log(c) == b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\ny\n"
+
+
 async def test_bind_mounts_rw_ro_and_file(rt: ProcessRuntime, tmp_path: Path) -> None:
     pod, sb = await new_pod(rt)
     src_rw, src_ro = tmp_path / "rw", tmp_path / "ro"

@@ -7,7 +7,9 @@ pykubelet package. It runs as root with a fixed environment (PATH only): the con
 variables (LD_PRELOAD...) would reach the dynamic linker of a root process; they are in the
 instructions and only the exec'd command gets them.
 
-CONFIG_FD holds the instructions as JSON (a memfd, read once):
+CONFIG_FD holds the instructions in `marshal`'s format (a memfd, read once; the agent and the
+launcher are one interpreter, `sys.executable`, so the format is the same on both sides, and
+unlike `json` it costs no import: this file's imports are most of a container's start):
     {"cgroups": [".../cgroup.procs", ...], "mounts": [{"source", "target", "read_only"}],
      "read_only_root": bool, "pods_dir": str|null, "uid": int|null, "gid": int|null,
      "groups": [int]|null, "cwd": str, "argv": [str, ...], "env": {str: str},
@@ -20,8 +22,8 @@ the user changes, and these are its effective, permitted, inheritable and (for a
 not root) ambient set after.)
 In that order, the launcher joins the cgroups (before anything is forked, so nothing escapes
 them), enters a private mount namespace with the binds, drops to the user and execs. Any failure
-before the exec is written to ERROR_FD as one JSON object {"stage", "errno", "message"} and the
-launcher exits 127. ERROR_FD is close-on-exec: the agent reads EOF with nothing on it once the
+before the exec is written to ERROR_FD as one object {"stage", "errno", "message"} (marshal) and
+the launcher exits 127. ERROR_FD is close-on-exec: the agent reads EOF with nothing on it once the
 exec succeeded, exactly as Popen learns of an exec error.
 
 `launcher.py --exec CONFIG_FD [ERROR_FD]` runs a command in a running container's context
@@ -44,11 +46,15 @@ from __future__ import annotations
 
 import ctypes
 import errno as errnos
-import json
+import marshal
 import os
 import stat
 import sys
-from typing import Any
+import warnings  # noqa: F401 - os.execvpe imports it, after the user switch may bar the library
+
+TYPE_CHECKING = False  # typing's, without importing typing (3 ms a start)
+if TYPE_CHECKING:
+    from typing import Any
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 1
@@ -552,12 +558,25 @@ def launch(config: dict[str, Any], error_fd: int | None) -> None:
         env["HOME"] = _home(int(uid))
     if error_fd is not None:
         os.set_inheritable(error_fd, False)  # closed by a successful exec: the agent reads EOF
+    restore_signals()
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as e:
         raise LaunchError("exec", e.strerror or str(e), e.errno) from e
     except ValueError as e:  # a NUL byte in an argument or variable
         raise LaunchError("exec", str(e)) from e
+
+
+def restore_signals() -> None:
+    """The dispositions Python set at its start back to the default, as Popen's restore_signals
+    does: an ignored signal survives exec, and the command would ignore SIGPIPE and SIGXFSZ.
+    (`_signal`, the builtin behind `signal`, which would import enum.)"""
+    _signal: Any = __import__("_signal")
+
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        number = getattr(_signal, name, None)
+        if number is not None:
+            _signal.signal(number, _signal.SIG_DFL)
 
 
 def main() -> None:
@@ -568,7 +587,7 @@ def main() -> None:
     report: dict[str, Any]
     try:
         with os.fdopen(int(args[0]), "rb") as f:
-            config = json.loads(f.read())
+            config = marshal.loads(f.read())
         launch(config, error_fd)
         report = {"stage": "launcher", "errno": None, "message": "exec returned"}
     except LaunchError as e:
@@ -579,7 +598,9 @@ def main() -> None:
         if error_fd is None:
             os.write(2, f"pykubelet launcher: {report['message']}\n".encode())
         else:
-            os.write(error_fd, json.dumps(report).encode())
+            # marshal too: nothing to import now, when the user it switched to may not read
+            # the interpreter's library any more.
+            os.write(error_fd, marshal.dumps(report))
     finally:
         os._exit(EXIT_FAILED)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import json
+import marshal
 import os
 import signal
 import subprocess
@@ -237,10 +237,11 @@ def _check_mount(m: Mount) -> None:
 
 
 def _memfd(name: str, data: dict[str, Any]) -> int:
-    """A close-on-exec memfd holding `data` as JSON, at offset 0."""
+    """A close-on-exec memfd holding `data` for the launcher (`marshal`'s format: the launcher
+    runs this interpreter, and reads it without importing json), at offset 0."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        raw = json.dumps(data).encode()
+        raw = marshal.dumps(data)
         while raw:
             raw = raw[os.write(fd, raw) :]
         os.lseek(fd, 0, os.SEEK_SET)
@@ -278,11 +279,44 @@ def _start_launcher(
     return pid, pidfd, start_time, err_r
 
 
+_discarding: set[asyncio.Task[None]] = set()
+
+
+def _kill_discarded(started: asyncio.Future[tuple[int, int, int, int]]) -> None:
+    """A launcher whose caller was cancelled while its thread started it: killed and reaped."""
+    if started.cancelled() or started.exception() is not None:
+        return
+    pid, pidfd, _, err_r = started.result()
+    os.close(err_r)
+    kill_group(pid, signal.SIGKILL)
+
+    async def reap_it() -> None:
+        try:
+            await _readable(pidfd)
+            reap(pidfd)
+        finally:
+            os.close(pidfd)
+
+    task = asyncio.get_running_loop().create_task(reap_it())
+    _discarding.add(task)
+    task.add_done_callback(_discarding.discard)
+
+
 async def spawn_launched(
     launch: dict[str, Any], log_path: Path, stdio: Stdio | None = None
 ) -> tuple[int, int, int]:
-    """As `spawn`, through the launcher following `launch`: returns once it exec'd."""
-    pid, pidfd, start_time, err_r = _start_launcher(launch, log_path, stdio)
+    """As `spawn`, through the launcher following `launch`: returns once it exec'd.
+
+    The fork+exec runs in a thread: the launcher is a Python start, whose exec kept the loop
+    4 ms a container when the machine was idle and 12-19 ms in a burst (measured: 300 API pods
+    held every API request and status for 5 s). A caller cancelled meanwhile leaves the thread
+    to finish; what it started is then killed, never left running unrecorded."""
+    started = asyncio.ensure_future(asyncio.to_thread(_start_launcher, launch, log_path, stdio))
+    try:
+        pid, pidfd, start_time, err_r = await asyncio.shield(started)
+    except asyncio.CancelledError:
+        started.add_done_callback(_kill_discarded)
+        raise
     try:
         async with asyncio.timeout(LAUNCH_TIMEOUT):
             report = await _read_until_eof(err_r)
@@ -313,9 +347,10 @@ async def spawn_launched(
 def _launch_error(report: bytes, launch: dict[str, Any]) -> StartError:
     program, cwd = str(launch["argv"][0]), str(launch["cwd"])
     try:
-        data = json.loads(report)
+        # Our own launcher wrote it, before it exec'd anything else (the pipe is close-on-exec).
+        data = marshal.loads(report)
         stage, code, message = str(data["stage"]), data.get("errno"), str(data["message"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, EOFError, KeyError, TypeError, AttributeError):
         return StartError("RunContainerError", f"the launcher failed: {report[:200]!r}")
     if stage == "exec":
         if not isinstance(code, int):
