@@ -150,8 +150,14 @@ def run(nodes: int = 10, pods: int = 110, window: float = 60.0) -> dict[str, Any
                 if agent.proc is not None and agent.proc.poll() is None:
                     agent.proc.send_signal(signal.SIGTERM)
             for agent in agents:
+                # Waited for, not signalled again: a second SIGTERM makes an agent exit at once,
+                # leaving its pods running (the first node's 110 were, until this wait).
                 if agent.proc is not None:
-                    agent.stop(signal.SIGTERM, timeout=120)
+                    try:
+                        agent.proc.wait(timeout=120)
+                    except subprocess.TimeoutExpired:
+                        agent.proc.kill()
+                        agent.proc.wait()
             _unmount_under(base)
     return _summarise(log, names, pods, window, all_running, started, opened, closed)
 

@@ -254,6 +254,52 @@ async def test_container_namespace_holds_no_other_pods_tmpfs(
         await rt.stop_container(c, grace_seconds=5)
 
 
+def host_mount_points() -> list[str]:
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+
+
+async def test_the_pods_directory_is_a_mount_of_its_own_while_the_runtime_runs(
+    tmp_path: Path,
+) -> None:
+    """So that a launcher detaches every other pod's volume in one call (podsmount.py); the
+    bind goes with the runtime, and a mount point that was there before stays."""
+    pods = str(tmp_path / "pods")
+    rt = ProcessRuntime(tmp_path)
+    await rt.start()
+    assert host_mount_points().count(pods) == 1
+    await rt.close()
+    assert pods not in host_mount_points()
+    with tmpfs(tmp_path / "pods"):  # the operator's own file system for the volumes
+        rt = ProcessRuntime(tmp_path)
+        await rt.start()
+        assert host_mount_points().count(pods) == 1  # not bound again on top
+        await rt.close()
+        assert pods in host_mount_points()
+
+
+async def test_other_pods_tmpfs_go_one_by_one_below_a_pods_directory_of_no_mount(
+    tmp_path: Path,
+) -> None:
+    """Volumes mounted before the runtime started (an earlier version's) keep the directory a
+    plain one: each launcher then detaches them one by one."""
+    others = tmp_path / "pods" / "other-uid" / "volumes" / "kubernetes.io~secret" / "token"
+    with tmpfs(others):
+        rt = ProcessRuntime(tmp_path)
+        await rt.start()
+        try:
+            assert str(tmp_path / "pods") not in host_mount_points()
+            pod, sb = await new_pod(rt)
+            (tmp_path / "d").mkdir()
+            mounts = [VolumeMount(str(tmp_path / "d"), str(tmp_path / "mnt"))]
+            c = await rt.start_container(pod, sb, with_(sh("exec sleep 60"), mounts=mounts))
+            assert c.pid is not None
+            assert "/pods/other-uid" not in mountinfo(c.pid)
+            await rt.stop_container(c, grace_seconds=5)
+            await rt.remove_pod(pod.uid)
+        finally:
+            await rt.close()
+
+
 async def test_other_pods_tmpfs_also_go_from_a_bind_above_them(tmp_path: Path) -> None:
     # The agent's root directory reached through a symlink, and bound whole as a hostPath.
     link = tmp_path.parent / f"{tmp_path.name}-link"

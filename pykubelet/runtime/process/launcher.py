@@ -358,7 +358,8 @@ def _bind(libc: Any, source: str, point: _MountPoint, read_only: bool) -> None:
 def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
     """Every mount under the agent's pods directory (other pods' tmpfs volumes, copied by
     unshare) goes from this namespace: a copy would keep their memory after the agent unmounts
-    them. The container's own binds are mounts at their targets and stay."""
+    them. The container's own binds are mounts at their targets and stay. When the directory
+    is a mount itself, that one detach takes them all (one call, not one per pod)."""
     # As mountinfo spells them: the agent's --root-dir may be reached through a symlink.
     pods_dir = os.path.realpath(pods_dir)
     roots = [pods_dir]
@@ -368,12 +369,21 @@ def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
         if not rel.startswith(".."):
             roots.append(os.path.normpath(os.path.join(point.path, rel)))
     own = {point.path for _, point in mounts}
-    doomed = [
-        p
-        for p in _mount_points()
-        if p not in own and any(p.startswith(root + "/") for root in roots)
-    ]
     libc = _libc()
+    rest = []
+    for root in roots:
+        if not any(o == root or o.startswith(root + "/") for o in own):
+            # A mount of its own (the agent binds the pods directory onto itself,
+            # podsmount.py): detached, it takes every volume below it along, in one call and
+            # without reading mountinfo, which holds a line per pod's volume.
+            if libc.umount2(os.fsencode(root), MNT_DETACH) == 0:
+                continue
+            err = ctypes.get_errno()
+            if err not in (errnos.EINVAL, errnos.ENOENT):  # no mount point there, or no path
+                raise LaunchError("mount", f"cannot detach {root}: {os.strerror(err)}", err)
+        rest.append(root)
+    points = _mount_points() if rest else []
+    doomed = [p for p in points if p not in own and any(p.startswith(r + "/") for r in rest)]
     for path in sorted(doomed, key=lambda p: p.count("/"), reverse=True):
         if libc.umount2(os.fsencode(path), MNT_DETACH) != 0:
             err = ctypes.get_errno()

@@ -68,6 +68,7 @@ from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
 from pykubelet.runtime.process.logread import follow_plain_log, read_plain_log
 from pykubelet.runtime.process.logrotate import LogRotator
+from pykubelet.runtime.process.podsmount import make_pods_mount, release_pods_mount
 from pykubelet.runtime.process.processes import ID_VARIABLE, boot_id, kill_group, reap
 from pykubelet.runtime.process.records import (
     NAME,
@@ -132,6 +133,7 @@ class ProcessRuntime:
         # Where the volumes of pods are mounted (pykubelet.pod.volumes): no container's namespace
         # keeps a copy of those mounts.
         self._volumes_dir = root_dir / "pods"
+        self._made_pods_mount = False  # podsmount.py: bound onto itself by this runtime
         self._node_ip = node_ip
         self._pods: dict[str, PodRecord] = {}
         self._pod_locks: dict[str, asyncio.Lock] = {}
@@ -172,6 +174,10 @@ class ProcessRuntime:
             raise RuntimeFailure(str(e)) from None
         except OSError as e:
             raise RuntimeFailure(f"cannot load the process runtime's state: {e}") from e
+        try:
+            self._made_pods_mount = await asyncio.to_thread(make_pods_mount, self._volumes_dir)
+        except OSError as e:  # only slower starts: each launcher detaches volumes one by one
+            log.warning("cannot make %s a mount of its own: %s", self._volumes_dir, e)
         self._loop = asyncio.get_running_loop()
         for item in loaded:
             self._pods[item.pod.uid] = item.pod
@@ -213,6 +219,12 @@ class ProcessRuntime:
         self._pods.clear()
         self._pod_locks.clear()
         self._loop = None
+        if self._made_pods_mount:
+            self._made_pods_mount = False
+            try:
+                await asyncio.to_thread(release_pods_mount, self._volumes_dir)
+            except OSError as e:
+                log.warning("cannot release the mount %s: %s", self._volumes_dir, e)
 
     def add_listener(self, listener: ChangeListener) -> None:
         self._listeners.append(listener)
