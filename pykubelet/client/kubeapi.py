@@ -5,11 +5,11 @@ typed boundary). Requests go through its ApiClient (configuration, TLS) with JSO
 plain dicts: the generated models would re-serialise a MicroTime such as a Lease's renewTime
 without its six fractional digits, which a real API server rejects. The watch is the client's
 `Watch`, which asks for bookmarks and surfaces a 410 as an exception; the single-object watches
-of ConfigMaps and Secrets (many at once) read the stream themselves (`watch_namespaced`). Every
-request first takes a token from one bucket (--kube-api-qps, --kube-api-burst: the kubelet's
-defaults are 50 per second, bursts of 100) unless it brings its own (the events' client,
---event-qps). The connection pool has no size limit: each watch holds a connection (HTTP/1.1
-has no streams to share one), and the bucket bounds the requests.
+of ConfigMaps and Secrets (many at once) read the stream themselves (`watch_namespaced`), on a
+pool of connections of their own with no size limit (each holds one: HTTP/1.1 has no streams to
+share it). Every request first takes a token from one bucket (--kube-api-qps, --kube-api-burst:
+the kubelet's defaults are 50 per second, bursts of 100) unless it brings its own (the events'
+client, --event-qps).
 
 The credentials are ours, not the library's (credentials.py: an exec plugin, a tokenFile, the
 certificate files, kept fresh): the bearer token is set before each request and watch, the
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 REQUEST_TIMEOUT = 30.0
+REQUEST_CONNECTIONS = 100  # the requests' pool (client-go's HTTP/2 shares one connection)
+OBJECT_WATCHES = "objects"  # the key of the object watches' ApiClient among the watchers
 # A watch that carries nothing, not even a bookmark (an API server sends one about every minute),
 # for this long is taken for a dead connection (half-open: no reset ever comes) and resumed.
 WATCH_IDLE_TIMEOUT = 150.0
@@ -207,15 +209,22 @@ def env_proxy(url: str) -> str | None:
 def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, dict[str, Any]]:
     kube: Any = importlib.import_module("kubernetes.aio.client")
     kube_watch: Any = importlib.import_module("kubernetes.aio.watch")
-    # No limit on connections (aiohttp's 0): a watch holds one for its life, and a pool of 100
-    # shared with the requests would be full at 100 watched ConfigMaps and Secrets.
-    cfg.connection_pool_maxsize = 0
+    cfg.connection_pool_maxsize = REQUEST_CONNECTIONS
     client = kube.ApiClient(cfg)  # builds the SSL context: reads CA files
     client.user_agent = user_agent
     core = kube.CoreV1Api(client)
     # A Watch decodes with an ApiClient of its own (the default configuration; never used
     # for requests). Built here, off the event loop, once per resource watched (pods, services).
-    watchers = {kind: kube_watch.Watch(return_type="object") for kind in ("pods", "services")}
+    watchers: dict[str, Any] = {
+        kind: kube_watch.Watch(return_type="object") for kind in ("pods", "services")
+    }
+    # The single-object watches (ConfigMaps, Secrets) on a pool of their own with no limit
+    # (aiohttp's 0): each holds a connection for its life, and in the requests' pool 100 of
+    # them would leave no connection for a request. The same configuration: the same token.
+    cfg.connection_pool_maxsize = 0
+    objects = kube.ApiClient(cfg)
+    objects.user_agent = user_agent
+    watchers[OBJECT_WATCHES] = objects
     return client, core, watchers
 
 
@@ -506,15 +515,16 @@ class KubeApi:
             ("watch", "true"),
         ]
         path = f"/api/v1/namespaces/{namespace}/{resource}"
+        client = self._watchers[OBJECT_WATCHES]
         try:
-            params = await self._client.param_serialize(
+            params = await client.param_serialize(
                 method="GET",
                 resource_path=path,
                 query_params=query,
                 header_params={"Accept": "application/json"},
                 auth_settings=["BearerToken"],
             )
-            resp = await self._client.call_api(*params, _request_timeout=timeout_seconds + 30.0)
+            resp = await client.call_api(*params, _request_timeout=timeout_seconds + 30.0)
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc) from None
         raw: Any = resp.response  # the aiohttp response, its body not read yet

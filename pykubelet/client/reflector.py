@@ -62,9 +62,11 @@ class Reflector(Generic[K]):
     """The objects of one resource by `key(obj)`, kept by list + watch.
 
     `on_change()` is called after each list and after each watch event (a caller that wants one
-    reaction per burst schedules it). `on_success()` after each list and bookmark (the source's
-    last success), `on_failure(reason)` with each failure's reason ("expired", "connection",
-    "http_<status>", "internal"); `failure_suffix(synced)` ends the failure's log line.
+    reaction per burst schedules it); before it, `on_event(key)` with the key the event changed,
+    or None after a list (any may have), for a caller that keeps work per object. `on_success()`
+    after each list and bookmark (the source's last success), `on_failure(reason)` with each
+    failure's reason ("expired", "connection", "http_<status>", "internal");
+    `failure_suffix(synced)` ends the failure's log line.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Reflector(Generic[K]):
         failure_suffix: Callable[[bool], str] = lambda synced: " (retrying)",
         list_log_level: int = logging.INFO,
         failures: Failures | None = None,
+        on_event: Callable[[K | None], None] = lambda key: None,
     ) -> None:
         self.what = what
         self._list_page = list_page
@@ -91,6 +94,7 @@ class Reflector(Generic[K]):
         self._on_failure = on_failure
         self._failure_suffix = failure_suffix
         self._list_log_level = list_log_level
+        self._on_event = on_event
         self.watch_timeout = watch_timeout
         self.objects: dict[K, Obj] = {}
         self.resource_version: str | None = None  # where the watch resumes; None: re-list
@@ -173,6 +177,7 @@ class Reflector(Generic[K]):
         self.problem = None
         self.synced.set()
         self._on_success()
+        self._on_event(None)
         log.log(
             self._list_log_level,
             "listed %d %s at resourceVersion %s",
@@ -209,5 +214,6 @@ class Reflector(Generic[K]):
                 self.objects[key] = obj
             if version:
                 self.resource_version = str(version)
+            self._on_event(key)
             self._on_change()
         return events

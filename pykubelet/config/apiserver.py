@@ -5,9 +5,11 @@ The source is the kubelet's pod reflector: a list of all namespaces with
 `fieldSelector=spec.nodeName=<node>`, then a watch from the list's resourceVersion with bookmarks,
 resumed from the last version seen (an event's or a bookmark's) whenever the stream ends or
 breaks; a `410 Gone` (the version was compacted away) re-lists. Every change sends the source's
-whole state as a SET. While the API server cannot be reached nothing is sent, so the running pods
-keep running and, until the first list, the source is not ready and no pod of any source is
-garbage-collected.
+whole state as a SET; building it looks again only at the pods the events since the last one
+named (all of them after a list), and a pod whose change is in its status alone (the agent's own
+status patches, coming back) is not decoded again. While the API server cannot be reached
+nothing is sent, so the running pods keep running and, until the first list, the source is not
+ready and no pod of any source is garbage-collected.
 
 What goes into the SET:
 - pods whose `spec.nodeName` is this node (the selector says so; checked again in case a server
@@ -119,6 +121,7 @@ def _meta(obj: Obj) -> Obj:
 @dataclass
 class _Decoded:
     version: str  # resourceVersion decoded
+    doc: Obj  # what was decoded (prepare_api_pod): the same doc is the same pod
     pod: Pod | None
     error: ManifestError | None
 
@@ -151,6 +154,7 @@ class ApiSource:
             self._schedule_flush,
             watch_timeout,
             key=uid_key,
+            on_event=self._changed,
             on_success=self._listed_or_bookmarked,
             on_failure=self._failed,
             failure_suffix=self._failure_suffix,
@@ -158,7 +162,10 @@ class ApiSource:
         self._decoded: dict[str, _Decoded] = {}
         self._good: dict[str, Pod] = {}  # uid -> last good pod
         self._reported: dict[str, str] = {}  # uid -> the problem last reported
-        self._pushed: dict[str, Pod] | None = None  # what the last SET held
+        self._set: dict[str, Pod] = {}  # what the last SET held, by uid, in its order
+        self._sent = False  # a SET was pushed
+        self._dirty: set[str] | None = None  # uids to look at again; None: all (a list)
+        self._mirrors: dict[str, Obj] = {}  # the mirror pods, by uid
         self._flush_scheduled = False
         self._listeners: list[Callable[[], None]] = []
         self.synced = asyncio.Event()
@@ -176,10 +183,9 @@ class ApiSource:
 
     def mirror_pods(self) -> dict[tuple[str, str], Obj]:
         out = {}
-        for obj in self._reflector.objects.values():
-            if is_mirror(obj):
-                meta = _meta(obj)
-                out[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = obj
+        for obj in self._mirrors.values():
+            meta = _meta(obj)
+            out[(str(meta.get("namespace", "")), str(meta.get("name", "")))] = obj
         return out
 
     def deleting(self) -> dict[str, Obj]:
@@ -199,7 +205,7 @@ class ApiSource:
         return False
 
     def pushed(self, uid: str) -> bool:
-        return self._pushed is not None and uid in self._pushed
+        return uid in self._set
 
     # --- the reflector ---
 
@@ -237,6 +243,22 @@ class ApiSource:
             return " (running pods keep running; retrying)"
         return " (not ready: no pod of any source is removed until it answers)"
 
+    def _changed(self, uid: str | None) -> None:
+        """A watch event changed `uid` (None: a list, all may have): the mirror pods' index
+        follows at once, the SET at the next flush."""
+        objects = self._reflector.objects
+        if uid is None:
+            self._dirty = None
+            self._mirrors = {u: o for u, o in objects.items() if is_mirror(o)}
+            return
+        if self._dirty is not None:
+            self._dirty.add(uid)
+        obj = objects.get(uid)
+        if obj is not None and is_mirror(obj):
+            self._mirrors[uid] = obj
+        else:
+            self._mirrors.pop(uid, None)
+
     def _schedule_flush(self) -> None:
         # Events already buffered are read without yielding to the loop: a burst becomes one SET.
         if not self._flush_scheduled:
@@ -247,27 +269,35 @@ class ApiSource:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        pods: dict[str, Pod] = {}
-        for uid, obj in self._reflector.objects.items():
-            if is_mirror(obj):
-                continue
-            if (obj.get("spec") or {}).get("nodeName") != self.node_name:
-                continue
-            if _meta(obj).get("deletionTimestamp") and not self.pushed(uid):
-                continue  # never ran here: nothing to stop, only the final delete is left
-            pod = self._decode(uid, obj)
-            if pod is not None:
-                pods[uid] = pod
-        for uid in [u for u in self._decoded if u not in self._reflector.objects]:
-            del self._decoded[uid]
-            self._good.pop(uid, None)
-            self._reported.pop(uid, None)
+        objects = self._reflector.objects
+        dirty, self._dirty = self._dirty, set()
+        if dirty is None:
+            dirty = set(objects) | set(self._set) | set(self._decoded)
+        changed = not self._sent
+        for uid in dirty:
+            obj = objects.get(uid)
+            before = self._set.get(uid)
+            pod = None
+            if obj is None:
+                self._decoded.pop(uid, None)
+                self._good.pop(uid, None)
+                self._reported.pop(uid, None)
+            elif is_mirror(obj) or (obj.get("spec") or {}).get("nodeName") != self.node_name:
+                pass
+            elif _meta(obj).get("deletionTimestamp") and before is None:
+                pass  # never ran here: nothing to stop, only the final delete is left
+            else:
+                pod = self._decode(uid, obj)
+            if pod is None:
+                self._set.pop(uid, None)
+            else:
+                self._set[uid] = pod  # a pod already there keeps its place
+            changed = changed or pod is not before
         self.synced.set()
-        changed = self._pushed is None or self._pushed != pods
         if changed:
-            self._pushed = pods
+            self._sent = True
             metrics.source_updates.labels(API_SOURCE).inc()
-            self._push(PodUpdate(list(pods.values()), Op.SET, API_SOURCE))
+            self._push(PodUpdate(list(self._set.values()), Op.SET, API_SOURCE))
         for listener in self._listeners:
             listener()
 
@@ -275,11 +305,16 @@ class ApiSource:
         version = str(_meta(obj).get("resourceVersion") or "")
         cached = self._decoded.get(uid)
         if cached is None or cached.version != version:
-            try:
-                cached = _Decoded(version, decode_api_pod(obj), None)
-            except ManifestError as exc:
-                cached = _Decoded(version, None, exc)
-            self._decoded[uid] = cached
+            doc = prepare_api_pod(obj)
+            if cached is not None and cached.doc == doc:
+                cached.version = version  # its status alone changed: the same pod
+            else:
+                try:
+                    pod = pod_from_object(doc, pod_location(obj), api_pod=True)
+                    cached = _Decoded(version, doc, pod, None)
+                except ManifestError as exc:
+                    cached = _Decoded(version, doc, None, exc)
+                self._decoded[uid] = cached
         if cached.pod is not None:
             # Keep the identity of an unchanged pod (a status-only change re-decodes to the
             # same pod), so comparing SETs stays cheap and nothing downstream sees a change.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import http.server
 import json
@@ -467,3 +468,15 @@ class Backend:
             journal.close()
         if self.engine is not None:
             self.engine.remove_all()
+
+
+def unmount_below(path: Path) -> None:
+    """Detach what agents left mounted below `path`: the pods directory's own bind and the pods'
+    tmpfs volumes stay after an agent was killed (its next start adopts them), and would keep
+    the test's directory from being removed and pile up in every later launcher's namespace."""
+    root = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        points = [line.split()[4] for line in f if line.strip()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    for point in sorted((p for p in points if p.startswith(root + "/")), reverse=True):
+        libc.umount2(os.fsencode(point), 2)  # MNT_DETACH; gone already with a parent: fine

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Containerd
-from tests.integration.agent import Agent, Backend, CriEngine, Engine
+from tests.integration.agent import Agent, Backend, CriEngine, Engine, unmount_below
 
 INFRA_IMAGE_VARIABLE = "PYKUBELET_TEST_INFRA_IMAGE"
 
@@ -41,6 +41,7 @@ def start_agent(
     for agent in started:
         if agent.proc is not None and agent.proc.poll() is None:
             agent.stop(signal.SIGTERM)
+    unmount_below(tmp_path)
     if failed is not None and failed.failed and started:
         print("---- agent log ----\n" + started[-1].log()[-20000:])
 
