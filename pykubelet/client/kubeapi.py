@@ -527,13 +527,19 @@ class KubeApi:
             resp = await client.call_api(*params, _request_timeout=timeout_seconds + 30.0)
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc) from None
+        except RuntimeError as exc:  # "Session is closed": the client was rebuilt meanwhile
+            raise ApiError(0, "Unreachable", str(exc)) from None
         raw: Any = resp.response  # the aiohttp response, its body not read yet
         try:
             status = int(resp.status)
             if status != 200:
                 if status == 401 and self.credentials is not None:
                     await self.credentials.unauthorized(token)  # for the next try
-                raise _status_error(status, await raw.read())
+                try:
+                    body = await raw.read()
+                except _TRANSPORT_ERRORS:
+                    body = b""
+                raise _status_error(status, body)
             while True:
                 try:
                     async with asyncio.timeout(idle_timeout):

@@ -14,9 +14,10 @@ What it promises, as the kubelet's:
   kubelet's "failed to sync configmaps cache: timed out waiting for the condition" (the pod's
   containers wait, event FailedMount, retried);
 - an object found immutable (`immutable: true`) is kept and its watch stopped for good;
-- a watch not read for 5 x --sync-frequency (at least 1 min; a volume is read at every sync, so
-  only objects of env vars go idle) is stopped, looked at every minute, and started again by
-  the next read;
+- a watch not read for 5 x --sync-frequency (at least 1 min; the objects of a pod are read at
+  each of its syncs, so only those of pods that no longer sync, terminated ones, go idle) is
+  stopped, looked at every minute, and started again by the next read, which waits for its
+  list as the first did (the kubelet's too);
 - an object no registered pod names (a pod the store never held) is read from the API server
   at once, as the `Get` strategy does.
 

@@ -164,7 +164,8 @@ class ApiSource:
         self._reported: dict[str, str] = {}  # uid -> the problem last reported
         self._set: dict[str, Pod] = {}  # what the last SET held, by uid, in its order
         self._sent = False  # a SET was pushed
-        self._dirty: set[str] | None = None  # uids to look at again; None: all (a list)
+        # The uids to look at again, in the order their events came (None: all, after a list).
+        self._dirty: dict[str, None] | None = None
         self._mirrors: dict[str, Obj] = {}  # the mirror pods, by uid
         self._flush_scheduled = False
         self._listeners: list[Callable[[], None]] = []
@@ -252,7 +253,7 @@ class ApiSource:
             self._mirrors = {u: o for u, o in objects.items() if is_mirror(o)}
             return
         if self._dirty is not None:
-            self._dirty.add(uid)
+            self._dirty[uid] = None
         obj = objects.get(uid)
         if obj is not None and is_mirror(obj):
             self._mirrors[uid] = obj
@@ -270,9 +271,9 @@ class ApiSource:
     def _flush(self) -> None:
         self._flush_scheduled = False
         objects = self._reflector.objects
-        dirty, self._dirty = self._dirty, set()
-        if dirty is None:
-            dirty = set(objects) | set(self._set) | set(self._decoded)
+        dirty, self._dirty = self._dirty, {}
+        if dirty is None:  # the list's order, as the SET was built before
+            dirty = dict.fromkeys([*objects, *self._set, *self._decoded])
         changed = not self._sent
         for uid in dirty:
             obj = objects.get(uid)

@@ -250,6 +250,18 @@ async def test_a_node_reads_only_the_secrets_its_pods_reference(
     await forbidden(node_api.get("/api/v1/namespaces/default/secrets"))
     # The root CA every pod's projected token volume names.
     await node_api.get("/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
+    # One object by name, listed and watched (the kubelet's watch of each): the same rule.
+    listed = await node_api.list_namespaced("secrets", "default", "metadata.name=db", 10, None)
+    assert [i["metadata"]["name"] for i in listed["items"]] == ["db"]
+    message = await forbidden(
+        node_api.list_namespaced("secrets", "default", "metadata.name=other", 10, None)
+    )
+    assert message.startswith('secrets "other" is forbidden') and "cannot list" in message
+    async for event in node_api.watch_namespaced(
+        "configmaps", "default", "metadata.name=db", "0", 1
+    ):
+        assert event["object"]["metadata"]["name"] == "db"
+        break
 
 
 async def test_a_node_requests_tokens_only_for_its_pods(

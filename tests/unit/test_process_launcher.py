@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -81,15 +83,64 @@ async def test_launcher_reports_exec_errors_as_plain_starts_do(
     assert got is not None and got.containers == []  # nothing recorded, nothing left running
 
 
-async def test_a_launched_container_starts_with_no_signal_ignored(rt: ProcessRuntime) -> None:
+async def test_a_launched_container_starts_with_the_signals_of_a_plain_one(
+    rt: ProcessRuntime,
+) -> None:
     """As runc starts a container: the launcher's Python ignores SIGPIPE and SIGXFSZ, and an
-    exec'd command would inherit that (`yes | head` would never end). Its exec probes too."""
-    pod, sb = await new_pod(rt)
+    exec'd command would inherit that (`yes | head` would never end). It gets what a command
+    exec'd directly gets (Popen's restore_signals): no signal blocked, SIGPIPE and SIGXFSZ at
+    their defaults, and whatever the agent itself was started with ignored (nohup's SIGHUP)."""
     script = "grep -E '^Sig(Ign|Blk)' /proc/self/status; yes | head -n 1"
+    proc = await asyncio.create_subprocess_exec(
+        "/bin/sh", "-c", script, stdout=asyncio.subprocess.PIPE
+    )
+    plain, _ = await proc.communicate()
+    pipe_and_xfsz = (1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1))
+    assert int(plain.split(b"SigIgn:\t")[1][:16], 16) & pipe_and_xfsz == 0
+    pod, sb = await new_pod(rt)
     c = await rt.start_container(pod, sb, with_(sh(script), **LAUNCHED))
     done = await wait_exited(rt, c)
     assert done.exit_code == 0, await rt.read_log(c)
-    assert await rt.read_log(c) == b"SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\ny\n"
+    assert await rt.read_log(c) == plain
+
+
+def processes_running(argv: list[str]) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = proc_file(int(entry), "cmdline").split(b"\0")[:-1]
+            except OSError:
+                continue
+            if cmdline == [a.encode() for a in argv]:
+                found.append(int(entry))
+    return found
+
+
+async def test_a_start_cancelled_while_its_launcher_forks_leaves_nothing_unrecorded(
+    rt: ProcessRuntime,
+) -> None:
+    """The launcher forks in a thread; a kill that cancels the start meanwhile (pod workers do)
+    must find the container either recorded or gone once the start is over, never running
+    unknown to the runtime (nor coming up later)."""
+    pod, sb = await new_pod(rt)
+    argv = ["sleep", f"61.{uuid.uuid4().int % 10**6}"]
+    cfg = with_(config(command=argv), **LAUNCHED)
+
+    async def recorded() -> set[int | None]:
+        got = await rt.get_pod(pod.uid)
+        running = ContainerRunState.RUNNING
+        return {c.pid for c in (got.containers if got else []) if c.state is running}
+
+    for delay in (0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02):
+        task = asyncio.create_task(rt.start_container(pod, sb, cfg))
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StartError):
+            await task
+        assert set(processes_running(argv)) <= await recorded()  # at once: nothing to come
+    await asyncio.sleep(0.3)
+    assert set(processes_running(argv)) == await recorded()
 
 
 async def test_bind_mounts_rw_ro_and_file(rt: ProcessRuntime, tmp_path: Path) -> None:

@@ -279,27 +279,28 @@ def _start_launcher(
     return pid, pidfd, start_time, err_r
 
 
-_discarding: set[asyncio.Task[None]] = set()
+async def _finish(awaitable: asyncio.Future[Any]) -> None:
+    """Wait for `awaitable` through any number of cancellations (the caller re-raises after)."""
+    while not awaitable.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(awaitable)
 
 
-def _kill_discarded(started: asyncio.Future[tuple[int, int, int, int]]) -> None:
-    """A launcher whose caller was cancelled while its thread started it: killed and reaped."""
+async def _kill_unrecorded(started: asyncio.Future[tuple[int, int, int, int]]) -> None:
+    """The start was cancelled while its thread forked: once the thread is done, what it
+    started is killed and reaped, before the caller's cleanup (its starting marker, the child's
+    fds, the pod's lock) can run."""
+    await _finish(started)
     if started.cancelled() or started.exception() is not None:
         return
     pid, pidfd, _, err_r = started.result()
     os.close(err_r)
     kill_group(pid, signal.SIGKILL)
-
-    async def reap_it() -> None:
-        try:
-            await _readable(pidfd)
-            reap(pidfd)
-        finally:
-            os.close(pidfd)
-
-    task = asyncio.get_running_loop().create_task(reap_it())
-    _discarding.add(task)
-    task.add_done_callback(_discarding.discard)
+    try:
+        await _finish(asyncio.ensure_future(_readable(pidfd)))
+        reap(pidfd)
+    finally:
+        os.close(pidfd)
 
 
 async def spawn_launched(
@@ -309,13 +310,17 @@ async def spawn_launched(
 
     The fork+exec runs in a thread: the launcher is a Python start, whose exec kept the loop
     4 ms a container when the machine was idle and 12-19 ms in a burst (measured: 300 API pods
-    held every API request and status for 5 s). A caller cancelled meanwhile leaves the thread
-    to finish; what it started is then killed, never left running unrecorded."""
-    started = asyncio.ensure_future(asyncio.to_thread(_start_launcher, launch, log_path, stdio))
+    held every API request and status for 5 s). A caller cancelled meanwhile waits for the
+    thread (one fork+exec) and kills what it started before it goes on: never left running
+    unrecorded, nor with fds its caller has closed and reused."""
+    # A future of the pool, not a task: the loop's shutdown cancels tasks, and a thread that
+    # forks anyway must still be waited for.
+    loop = asyncio.get_running_loop()
+    started = loop.run_in_executor(None, _start_launcher, launch, log_path, stdio)
     try:
         pid, pidfd, start_time, err_r = await asyncio.shield(started)
     except asyncio.CancelledError:
-        started.add_done_callback(_kill_discarded)
+        await _kill_unrecorded(started)
         raise
     try:
         async with asyncio.timeout(LAUNCH_TIMEOUT):
