@@ -27,9 +27,9 @@ import json
 import logging
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
@@ -41,6 +41,7 @@ from pykubelet.client.throttle import RateLimiter
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 
 REQUEST_TIMEOUT = 30.0
 REQUEST_CONNECTIONS = 100  # the requests' pool (client-go's HTTP/2 shares one connection)
@@ -226,6 +227,21 @@ def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, dict[str, Any]]:
     objects.user_agent = user_agent
     watchers[OBJECT_WATCHES] = objects
     return client, core, watchers
+
+
+async def _within_idle(read: Awaitable[T], idle_timeout: float) -> T:
+    """The next read of a watch stream, as ApiError when it fails: 0 "Idle" after `idle_timeout`
+    without anything (a half-open connection), "TooLong" for a line over the client's buffer
+    (resuming would read it again: re-list), else the transport's error."""
+    try:
+        async with asyncio.timeout(idle_timeout):
+            return await read
+    except TimeoutError:
+        raise ApiError(0, "Idle", f"no event or bookmark for {idle_timeout:g}s") from None
+    except ValueError:
+        raise ApiError(0, "TooLong", "a watch event too long for the client") from None
+    except _TRANSPORT_ERRORS as exc:
+        raise _transport_error(exc) from None
 
 
 def _watch_event(status: int, line: bytes) -> Obj:
@@ -541,17 +557,7 @@ class KubeApi:
                     body = b""
                 raise _status_error(status, body)
             while True:
-                try:
-                    async with asyncio.timeout(idle_timeout):
-                        line = await raw.content.readline()
-                except TimeoutError:
-                    raise ApiError(
-                        0, "Idle", f"no event or bookmark for {idle_timeout:g}s"
-                    ) from None
-                except ValueError:
-                    raise ApiError(0, "TooLong", "a watch event too long for the client") from None
-                except _TRANSPORT_ERRORS as exc:
-                    raise _transport_error(exc) from None
+                line = await _within_idle(raw.content.readline(), idle_timeout)
                 if not line:
                     return
                 yield _watch_event(status, line)
@@ -625,23 +631,14 @@ class KubeApi:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(idle_timeout):
-                        event = await stream.__anext__()
+                    event = await _within_idle(stream.__anext__(), idle_timeout)
                 except StopAsyncIteration:
                     return
-                except TimeoutError:
-                    raise ApiError(
-                        0, "Idle", f"no event or bookmark for {idle_timeout:g}s"
-                    ) from None
                 except api_exception as exc:
                     status = int(getattr(exc, "status", 0) or 0)
                     if status == 401 and self.credentials is not None:
                         await self.credentials.unauthorized(token)  # for the next try
                     raise ApiError(status, str(getattr(exc, "reason", "") or ""), "watch") from None
-                except ValueError:
-                    raise ApiError(0, "TooLong", "a watch event too long for the client") from None
-                except _TRANSPORT_ERRORS as exc:
-                    raise _transport_error(exc) from None
                 if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
                     resp = watcher.resp
                     status = int(resp.status) if resp is not None else 0

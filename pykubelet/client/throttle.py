@@ -61,7 +61,7 @@ class Failures:
 
 
 class RateLimiter:
-    """A token bucket: `qps` tokens a second, at most `burst` saved up."""
+    """A token bucket: `qps` tokens a second, at most `burst` saved up; `qps` 0: no limit."""
 
     def __init__(self, qps: float, burst: int) -> None:
         self.qps = qps
@@ -71,6 +71,8 @@ class RateLimiter:
         self._lock = asyncio.Lock()
 
     async def acquire(self) -> None:
+        if self.qps <= 0:
+            return
         async with self._lock:
             now = time.monotonic()
             self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)

@@ -28,8 +28,7 @@ class EventSink:
         self._pending: OrderedDict[str, Event] = OrderedDict()
         self._posted: OrderedDict[str, None] = OrderedDict()
         self._wake = asyncio.Event()
-        # 0: no limit (a bucket too large to empty).
-        self._limiter = RateLimiter(qps, burst) if qps > 0 else RateLimiter(1e9, 10**9)
+        self._limiter = RateLimiter(qps, burst)  # qps 0: no limit
         self.sent = 0
         self.dropped = 0
 

@@ -1,7 +1,7 @@
 """ConfigMaps and Secrets for the pods' environment and volumes, read from the API server, and
 service-account tokens from its TokenRequest API (the `ObjectLookup` of `pod/volumes.py` in
 cluster mode with `configMapAndSecretChangeDetectionStrategy: Get`; `watched_objects.py`, the
-default, reads its tokens here)."""
+default, builds on it)."""
 
 from __future__ import annotations
 
@@ -17,34 +17,13 @@ from pykubelet.pod.tokens import IssuedToken, TokenRequest
 Obj = dict[str, Any]
 
 
-def config_map_data(namespace: str, name: str, obj: Obj) -> dict[str, str | bytes]:
-    """A ConfigMap's data (text) and binaryData (bytes) by key."""
-    data: dict[str, str | bytes] = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
-    try:
-        for key, value in (obj.get("binaryData") or {}).items():
-            data[str(key)] = base64.b64decode(value)  # bytes as they are: a keystore, a gzip
-    except (ValueError, TypeError) as exc:
-        raise EnvError(f'configmap "{namespace}/{name}": binaryData is not base64: {exc}') from None
-    return data
-
-
-def secret_data(namespace: str, name: str, obj: Obj) -> tuple[str, dict[str, bytes]]:
-    """A Secret's type and decoded data by key."""
-    try:
-        data = {str(k): base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
-    except (ValueError, TypeError) as exc:
-        raise EnvError(f'secret "{namespace}/{name}": data is not base64: {exc}') from None
-    for key, value in (obj.get("stringData") or {}).items():
-        data[str(key)] = str(value).encode()
-    return str(obj.get("type") or "Opaque"), data
-
-
 class ApiObjectLookup:
     """ConfigMaps and Secrets for the pods' env and volumes, read from the API server.
 
     Read at each sync of a pod that uses them (the kubelet's "Get" strategy,
     `configMapAndSecretChangeDetectionStrategy: Get`): a change reaches the pod's volumes at its
-    next sync, at most --sync-frequency later. The default is `watched_objects.py`'s watch.
+    next sync, at most --sync-frequency later. The default, `watched_objects.py`'s watch, is
+    this class with `get` reading the watched copies.
     """
 
     def __init__(self, connection: ApiConnection) -> None:
@@ -64,7 +43,17 @@ class ApiObjectLookup:
 
     async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
         obj = await self.get("configmaps", namespace, name)
-        return None if obj is None else config_map_data(namespace, name, obj)
+        if obj is None:
+            return None
+        data: dict[str, str | bytes] = {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+        try:
+            for key, value in (obj.get("binaryData") or {}).items():
+                data[str(key)] = base64.b64decode(value)  # bytes as they are: a keystore, a gzip
+        except (ValueError, TypeError) as exc:
+            raise EnvError(
+                f'configmap "{namespace}/{name}": binaryData is not base64: {exc}'
+            ) from None
+        return data
 
     async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
         typed = await self.typed_secret(namespace, name)
@@ -72,7 +61,15 @@ class ApiObjectLookup:
 
     async def typed_secret(self, namespace: str, name: str) -> tuple[str, dict[str, bytes]] | None:
         obj = await self.get("secrets", namespace, name)
-        return None if obj is None else secret_data(namespace, name, obj)
+        if obj is None:
+            return None
+        try:
+            data = {str(k): base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+        except (ValueError, TypeError) as exc:
+            raise EnvError(f'secret "{namespace}/{name}": data is not base64: {exc}') from None
+        for key, value in (obj.get("stringData") or {}).items():
+            data[str(key)] = str(value).encode()
+        return str(obj.get("type") or "Opaque"), data
 
     async def request_token(self, request: TokenRequest) -> IssuedToken:
         """POST a TokenRequest bound to the pod, as the kubelet's token manager does."""

@@ -37,9 +37,8 @@ from pykubelet.client.kubeapi import KubeApi
 from pykubelet.client.reflector import Key, Reflector, name_key
 from pykubelet.client.throttle import Failures
 from pykubelet.cluster.connection import ApiConnection
-from pykubelet.cluster.objects import ApiObjectLookup, config_map_data, secret_data
+from pykubelet.cluster.objects import ApiObjectLookup
 from pykubelet.pod.envvars import EnvError
-from pykubelet.pod.tokens import IssuedToken, TokenRequest
 from pykubelet.pod.volumes import referenced_objects
 
 log = logging.getLogger(__name__)
@@ -75,8 +74,9 @@ class _Watched:
     immutable: Obj | None = None  # the object, once found immutable (no watch any more)
 
 
-class WatchedObjects:
-    """ConfigMaps and Secrets by a watch each; reads served from the watched copies."""
+class WatchedObjects(ApiObjectLookup):
+    """ConfigMaps and Secrets by a watch each; reads served from the watched copies (decoded,
+    and tokens requested, as ApiObjectLookup's)."""
 
     def __init__(
         self,
@@ -87,8 +87,7 @@ class WatchedObjects:
         recycle_period: float = RECYCLE_PERIOD,
         min_idle: float = MIN_IDLE,
     ) -> None:
-        self._connection = connection
-        self._direct = ApiObjectLookup(connection)
+        super().__init__(connection)
         self._max_idle = max(max_idle, min_idle)
         self._sync_wait = sync_wait
         self._recycle_period = recycle_period
@@ -186,14 +185,15 @@ class WatchedObjects:
                 self._stop(item)
                 log.debug("%s/%s/%s: not read for %gs, its watch stopped", *key, self._max_idle)
 
-    # --- the lookup (pod/'s ObjectLookup) ---
+    # --- the lookup (pod/'s ObjectLookup: ApiObjectLookup's, reading the watched copies) ---
 
-    async def _read(self, resource: str, namespace: str, name: str) -> Obj | None:
-        key = (resource, namespace, name)
+    async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """The object from its watch; one no registered pod names from the API server."""
+        key = (kind, namespace, name)
         item = self._items.get(key)
         if item is None:
             self.direct_reads += 1
-            return await self._direct.get(resource, namespace, name)
+            return await super().get(kind, namespace, name)
         item.last_read = _now()
         if item.immutable is not None:
             return item.immutable
@@ -210,30 +210,15 @@ class WatchedObjects:
                 if self._connection.api is None:
                     why = "not connected to the API server yet"
                 raise EnvError(
-                    f"failed to sync {resource} cache: timed out waiting for the condition"
+                    f"failed to sync {kind} cache: timed out waiting for the condition"
                     + (f" ({why})" if why else "")
                 ) from None
         obj = reflector.objects.get((namespace, name))
         if obj is not None and obj.get("immutable") is True:
             item.immutable = obj
             self._stop(item)
-            log.debug("%s %s/%s is immutable: its watch stopped", resource, namespace, name)
+            log.debug("%s %s/%s is immutable: its watch stopped", kind, namespace, name)
         return obj
-
-    async def config_map(self, namespace: str, name: str) -> dict[str, str | bytes] | None:
-        obj = await self._read("configmaps", namespace, name)
-        return None if obj is None else config_map_data(namespace, name, obj)
-
-    async def secret(self, namespace: str, name: str) -> dict[str, bytes] | None:
-        typed = await self.typed_secret(namespace, name)
-        return typed[1] if typed is not None else None
-
-    async def typed_secret(self, namespace: str, name: str) -> tuple[str, dict[str, bytes]] | None:
-        obj = await self._read("secrets", namespace, name)
-        return None if obj is None else secret_data(namespace, name, obj)
-
-    async def request_token(self, request: TokenRequest) -> IssuedToken:
-        return await self._direct.request_token(request)
 
 
 def _now() -> float:

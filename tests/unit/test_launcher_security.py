@@ -15,6 +15,7 @@ import pytest
 
 from pykubelet.runtime.base import Mount as VolumeMount
 from pykubelet.runtime.base import RuntimeContainer, RuntimeFailure, StartError
+from pykubelet.runtime.process.launcher import mount_points
 from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.unit.test_process_launcher import with_
 from tests.unit.test_process_runtime import config, new_pod, sh, wait_exited, wait_log
@@ -254,10 +255,6 @@ async def test_container_namespace_holds_no_other_pods_tmpfs(
         await rt.stop_container(c, grace_seconds=5)
 
 
-def host_mount_points() -> list[str]:
-    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-
-
 async def test_the_pods_directory_is_a_mount_of_its_own_while_the_runtime_runs(
     tmp_path: Path,
 ) -> None:
@@ -266,15 +263,15 @@ async def test_the_pods_directory_is_a_mount_of_its_own_while_the_runtime_runs(
     pods = str(tmp_path / "pods")
     rt = ProcessRuntime(tmp_path)
     await rt.start()
-    assert host_mount_points().count(pods) == 1
+    assert mount_points().count(pods) == 1
     await rt.close()
-    assert pods not in host_mount_points()
+    assert pods not in mount_points()
     with tmpfs(tmp_path / "pods"):  # the operator's own file system for the volumes
         rt = ProcessRuntime(tmp_path)
         await rt.start()
-        assert host_mount_points().count(pods) == 1  # not bound again on top
+        assert mount_points().count(pods) == 1  # not bound again on top
         await rt.close()
-        assert pods in host_mount_points()
+        assert pods in mount_points()
 
 
 async def test_other_pods_tmpfs_go_one_by_one_below_a_pods_directory_of_no_mount(
@@ -287,7 +284,7 @@ async def test_other_pods_tmpfs_go_one_by_one_below_a_pods_directory_of_no_mount
         rt = ProcessRuntime(tmp_path)
         await rt.start()
         try:
-            assert str(tmp_path / "pods") not in host_mount_points()
+            assert str(tmp_path / "pods") not in mount_points()
             pod, sb = await new_pod(rt)
             (tmp_path / "d").mkdir()
             mounts = [VolumeMount(str(tmp_path / "d"), str(tmp_path / "mnt"))]

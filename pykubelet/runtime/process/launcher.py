@@ -184,7 +184,8 @@ def _unescape(field: str) -> str:
     return os.fsdecode(bytes(out))
 
 
-def _mount_points() -> list[str]:
+def mount_points() -> list[str]:
+    """The mount points of this namespace (also the agent's: podsmount.py)."""
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
         return [_unescape(line.split(" ")[4]) for line in f if line.strip()]
 
@@ -320,7 +321,7 @@ def _open_mount_point(source: str, target: str) -> _MountPoint:
 def _make_tree_read_only(libc: Any) -> None:
     if _set_attrs(libc, AT_FDCWD, "/", 0, MOUNT_ATTR_RDONLY):
         return
-    for path in sorted(set(_mount_points()), key=len):
+    for path in sorted(set(mount_points()), key=len):
         try:
             _remount(libc, path, MS_RDONLY, f"cannot make {path} read-only")
         except (LaunchError, OSError):
@@ -382,7 +383,7 @@ def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
             if err not in (errnos.EINVAL, errnos.ENOENT):  # no mount point there, or no path
                 raise LaunchError("mount", f"cannot detach {root}: {os.strerror(err)}", err)
         rest.append(root)
-    points = _mount_points() if rest else []
+    points = mount_points() if rest else []
     doomed = [p for p in points if p not in own and any(p.startswith(r + "/") for r in rest)]
     for path in sorted(doomed, key=lambda p: p.count("/"), reverse=True):
         if libc.umount2(os.fsencode(path), MNT_DETACH) != 0:

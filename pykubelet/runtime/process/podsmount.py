@@ -21,31 +21,16 @@ gone); at the runtime's close the bind it made goes again if nothing is mounted 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
 from pathlib import Path
 
+# The launcher's own mount calls and constants: the same mounts, seen from the agent.
+from pykubelet.runtime.process.launcher import MNT_DETACH, MS_BIND, MS_PRIVATE, mount_points
+from pykubelet.runtime.process.launcher import _libc as libc
+
 log = logging.getLogger(__name__)
-
-MS_BIND = 4096
-MS_PRIVATE = 1 << 18
-MNT_DETACH = 2
-
-
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    return field.encode().decode("unicode_escape") if "\\" in field else field
-
-
-def mount_points() -> list[str]:
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        return [_unescape(line.split(" ")[4]) for line in f if line.strip()]
 
 
 def make_pods_mount(pods_dir: Path) -> bool:
@@ -62,19 +47,20 @@ def make_pods_mount(pods_dir: Path) -> bool:
     below = [p for p in points if p.startswith(path + "/")]
     if below:
         log.info(
-            "%s: %d volumes are mounted below it already; it becomes a mount of its own once "
-            "they are gone (until then each container start detaches them one by one)",
+            "%s: %d volumes are mounted below it already; it becomes a mount of its own at a "
+            "start of the agent after they are gone (until then each container start detaches "
+            "them one by one)",
             path,
             len(below),
         )
         return False
-    libc = _libc()
+    c = libc()
     target = os.fsencode(path)
-    if libc.mount(target, target, None, ctypes.c_ulong(MS_BIND), None) != 0:
+    if c.mount(target, target, None, ctypes.c_ulong(MS_BIND), None) != 0:
         err = ctypes.get_errno()
         log.warning("cannot bind %s onto itself: %s", path, os.strerror(err))
         return False
-    if libc.mount(None, target, None, ctypes.c_ulong(MS_PRIVATE), None) != 0:
+    if c.mount(None, target, None, ctypes.c_ulong(MS_PRIVATE), None) != 0:
         err = ctypes.get_errno()
         log.warning("cannot make the mount %s private: %s", path, os.strerror(err))
     log.debug("%s bound onto itself: the launchers detach the pods' volumes at once", path)
@@ -89,7 +75,7 @@ def release_pods_mount(pods_dir: Path) -> None:
     points = mount_points()
     if path not in points or any(p.startswith(path + "/") for p in points):
         return
-    if _libc().umount2(os.fsencode(path), MNT_DETACH) != 0:
+    if libc().umount2(os.fsencode(path), MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT):
             log.warning("cannot unmount %s: %s", path, os.strerror(err))

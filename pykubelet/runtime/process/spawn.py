@@ -295,6 +295,11 @@ async def _kill_unrecorded(started: asyncio.Future[tuple[int, int, int, int]]) -
         return
     pid, pidfd, _, err_r = started.result()
     os.close(err_r)
+    await _kill_and_reap(pid, pidfd)
+
+
+async def _kill_and_reap(pid: int, pidfd: int) -> None:
+    """A launcher that must not go on (cancelled, stuck): killed, reaped, its pidfd closed."""
     kill_group(pid, signal.SIGKILL)
     try:
         await _finish(asyncio.ensure_future(_readable(pidfd)))
@@ -327,10 +332,7 @@ async def spawn_launched(
             report = await _read_until_eof(err_r)
     except BaseException as e:
         # Cancelled, or stuck (a mount on a dead NFS server): never leave it running unrecorded.
-        kill_group(pid, signal.SIGKILL)
-        await _readable(pidfd)
-        reap(pidfd)
-        os.close(pidfd)
+        await _kill_and_reap(pid, pidfd)
         if isinstance(e, TimeoutError):
             raise StartError(
                 "RunContainerError",
@@ -514,10 +516,7 @@ async def spawn_attached(
         async with asyncio.timeout(LAUNCH_TIMEOUT):
             report = await _read_until_eof(err_r)
     except BaseException as e:
-        kill_group(proc.pid, signal.SIGKILL)
-        await _readable(pidfd)
-        reap(pidfd)
-        os.close(pidfd)
+        await _kill_and_reap(proc.pid, pidfd)
         if isinstance(e, TimeoutError):
             raise RuntimeFailure(
                 f"cannot run {program!r}: the launcher did not exec it within "
