@@ -279,7 +279,7 @@ async def test_other_pods_tmpfs_go_one_by_one_below_a_pods_directory_of_no_mount
 ) -> None:
     """Volumes mounted before the runtime started (an earlier version's) keep the directory a
     plain one: each launcher then detaches them one by one."""
-    others = tmp_path / "pods" / "other-uid" / "volumes" / "kubernetes.io~secret" / "token"
+    others = tmp_path / "pods" / "earlier-uid" / "volumes" / "kubernetes.io~secret" / "token"
     with tmpfs(others):
         rt = ProcessRuntime(tmp_path)
         await rt.start()
@@ -290,7 +290,7 @@ async def test_other_pods_tmpfs_go_one_by_one_below_a_pods_directory_of_no_mount
             mounts = [VolumeMount(str(tmp_path / "d"), str(tmp_path / "mnt"))]
             c = await rt.start_container(pod, sb, with_(sh("exec sleep 60"), mounts=mounts))
             assert c.pid is not None
-            assert "/pods/other-uid" not in mountinfo(c.pid)
+            assert "/pods/earlier-uid" not in mountinfo(c.pid)
             await rt.stop_container(c, grace_seconds=5)
             await rt.remove_pod(pod.uid)
         finally:
