@@ -51,7 +51,11 @@ def test_memory_limit_is_enforced_and_reported_as_oomkilled(
     assert (terminated["reason"], terminated["exitCode"]) == ("OOMKilled", 137), terminated
     pod = agent.pod("hog")
     assert pod is not None and pod["status"]["phase"] == "Failed"
-    assert "running" in container_state(agent.pod("calm"))["state"]
+    # The neighbour runs: started beside the hog, not necessarily before the hog was killed.
+    wait_for(
+        "the calm pod running",
+        lambda: (p := agent.pod("calm")) is not None and "running" in container_state(p)["state"],
+    )
     assert agent.get("/healthz") == (200, b"ok")
 
 
