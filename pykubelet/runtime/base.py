@@ -397,6 +397,14 @@ async def dial_local_port(
         raise RuntimeFailure(f"dial tcp4 {address}: connect: {reason}") from exc
 
 
+@dataclass(frozen=True)
+class TerminalSize:
+    """A terminal's size in characters, as the client's terminal has it."""
+
+    width: int
+    height: int
+
+
 class ExecStream(Protocol):
     """A command running in a container with its stdio attached (`kubectl exec`), or the
     container's own stdio (`kubectl attach`). Output is bounded: a reader that does not keep
@@ -599,9 +607,11 @@ class Runtime(Protocol):
         *,
         stdin: bool,
         tty: bool,
+        size: TerminalSize | None = None,
     ) -> ExecStream:
         """Start a command in the running container as exec_sync does, with its stdio
-        attached (a terminal with `tty`). Raises RuntimeFailure if the container is not
+        attached (a terminal with `tty`, of `size` from before the command starts where the
+        backend can, so it never sees 0x0). Raises RuntimeFailure if the container is not
         running, the command cannot start, or the backend cannot do it (saying why)."""
         ...
 

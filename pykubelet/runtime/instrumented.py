@@ -26,6 +26,7 @@ from pykubelet.runtime.base import (
     RuntimeVersion,
     SandboxConfig,
     StartError,
+    TerminalSize,
 )
 
 T = TypeVar("T")
@@ -132,11 +133,14 @@ class InstrumentedRuntime:
         *,
         stdin: bool,
         tty: bool,
+        size: TerminalSize | None = None,
     ) -> ExecStream:
         """Counted once, as its start: what the stream does afterwards is the command's."""
         return await self._count(
             "exec_stream",
-            lambda: self.inner.exec_stream(container, command, env, stdin=stdin, tty=tty),
+            lambda: self.inner.exec_stream(
+                container, command, env, stdin=stdin, tty=tty, size=size
+            ),
         )
 
     async def attach(self, container: RuntimeContainer, *, stdin: bool, tty: bool) -> ExecStream:

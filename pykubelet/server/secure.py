@@ -151,8 +151,8 @@ def build_secure_app(
             request,
             "exec",
             container,
-            lambda: node.runtime.exec_stream(
-                container, opts.command, env, stdin=opts.stdin, tty=opts.tty
+            lambda size: node.runtime.exec_stream(
+                container, opts.command, env, stdin=opts.stdin, tty=opts.tty, size=size
             ),
             opts,
             streaming_idle_timeout,
@@ -174,7 +174,7 @@ def build_secure_app(
             request,
             "attach",
             container,
-            lambda: node.runtime.attach(container, stdin=opts.stdin, tty=opts.tty),
+            lambda _size: node.runtime.attach(container, stdin=opts.stdin, tty=opts.tty),
             opts,
             streaming_idle_timeout,
         )

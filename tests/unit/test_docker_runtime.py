@@ -33,6 +33,7 @@ from pykubelet.runtime.base import (
     RuntimeContainer,
     RuntimeFailure,
     StartError,
+    TerminalSize,
 )
 from pykubelet.runtime.docker.convert import (
     LABEL_TYPE,
@@ -817,16 +818,33 @@ async def test_exec_stream_stdin_and_its_eof(real: DockerRuntime) -> None:
 @pytest.mark.docker
 async def test_exec_stream_with_a_terminal_and_its_size(real: DockerRuntime) -> None:
     c = await real_container(real)
-    script = "read line; tty; echo err >&2; stty size; exit 5"
+    script = "tty; read line; echo err >&2; stty size; exit 5"
     stream = await real.exec_stream(c, ["/bin/sh", "-c", script], [], stdin=True, tty=True)
     try:
+        # Resized once it runs (the size it starts with is the next test's).
+        seen = await read_until(stream, rb"/dev/pts/\d+\r\n")
         await stream.resize(100, 40)
         await stream.write_stdin(b"go\n")
-        seen = await read_until(stream, rb"40 100\r\n")
-        assert re.search(rb"/dev/pts/\d+\r\nerr\r\n40 100\r\n", seen), seen
+        seen += await read_until(stream, rb"40 100\r\n")
+        assert re.search(rb"/dev/pts/\d+\r\ngo\r\nerr\r\n40 100\r\n", seen), seen
         rest = await collect(stream)
         assert rest[STDERR] == b""  # a terminal has one stream
         assert await exit_code(stream) == 5
+    finally:
+        await stream.close()
+
+
+@pytest.mark.docker
+async def test_exec_stream_has_the_clients_terminal_size_from_the_start(
+    real: DockerRuntime,
+) -> None:
+    c = await real_container(real)
+    stream = await real.exec_stream(
+        c, ["/bin/sh", "-c", "stty size"], [], stdin=False, tty=True, size=TerminalSize(132, 43)
+    )
+    try:
+        assert (await collect(stream))[STDOUT] == b"43 132\r\n"
+        assert await exit_code(stream) == 0
     finally:
         await stream.close()
 

@@ -23,6 +23,7 @@ from pykubelet.runtime.base import (
     Mount,
     RuntimeContainer,
     RuntimeFailure,
+    TerminalSize,
 )
 from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.unit.test_process_runtime import (
@@ -132,6 +133,18 @@ async def test_killed_by_a_signal_has_no_exit_code(rt: ProcessRuntime) -> None:
     )
     try:
         assert await finished(stream) is None
+    finally:
+        await stream.close()
+
+
+async def test_a_terminal_has_the_clients_size_from_the_start(rt: ProcessRuntime) -> None:
+    c = await running(rt)
+    stream = await rt.exec_stream(
+        c, ["/bin/sh", "-c", "stty size"], [], stdin=False, tty=True, size=TerminalSize(132, 43)
+    )
+    try:
+        assert (await collect(stream))[STDOUT] == b"43 132\r\n"
+        assert await finished(stream) == 0
     finally:
         await stream.close()
 

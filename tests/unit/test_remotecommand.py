@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -15,16 +16,24 @@ import pytest
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient, TestServer
 
-from pykubelet.runtime.base import STDERR, STDOUT
+from pykubelet.runtime.base import (
+    STDERR,
+    STDOUT,
+    ContainerRunState,
+    RuntimeContainer,
+    TerminalSize,
+)
 from pykubelet.server.streaming.remotecommand import (
     ExecOptions,
     ResizeDecoder,
+    TerminalSizes,
     exec_options,
     exit_status,
     serve_attach,
     serve_exec,
     success_status,
 )
+from pykubelet.server.streaming.session import serve_stream
 from pykubelet.server.streaming.websocket import WebSocketChannels
 
 Obj = dict[str, Any]
@@ -246,3 +255,99 @@ async def test_attach_reports_success_and_a_client_that_leaves_detaches() -> Non
                 done.clear()
     finally:
         await client.close()
+
+
+def _container() -> RuntimeContainer:
+    return RuntimeContainer(
+        id="c1",
+        runtime="process",
+        pod_uid="u1",
+        pod_name="web",
+        pod_namespace="default",
+        name="main",
+        attempt=0,
+        spec_hash="h",
+        image="busybox",
+        state=ContainerRunState.RUNNING,
+        created_at=datetime.now(UTC),
+    )
+
+
+async def _session_server(
+    opts: ExecOptions, started: list[TerminalSize | None], process: EchoProcess
+) -> TestClient[web.Request, web.Application]:
+    async def start(size: TerminalSize | None) -> EchoProcess:
+        started.append(size)
+        return process
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await serve_stream(request, "exec", _container(), start, opts, None)
+
+    app = web.Application()
+    app.router.add_get("/exec", handler)
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    return client
+
+
+async def test_a_terminals_command_starts_with_the_clients_first_size() -> None:
+    process = EchoProcess()
+    started: list[TerminalSize | None] = []
+    opts = ExecOptions(["sh"], stdin=True, stdout=True, stderr=False, tty=True)
+    client = await _session_server(opts, started, process)
+    try:
+        async with client.ws_connect("/exec", protocols=("v5.channel.k8s.io",)) as ws:
+            assert await ws.receive_bytes() == b"\x01"  # open; the command is not started yet
+            await asyncio.sleep(0.1)
+            assert started == []
+            await ws.send_bytes(b'\x04{"Width":132,"Height":43}')  # kubectl's first message
+            await ws.send_bytes(b"\x00hi\n")
+            assert await ws.receive_bytes() == b"\x01hi\n"
+            await ws.send_bytes(b'\x04{"Width":100,"Height":40}')
+            await ws.send_bytes(b"\x00again\n")
+            assert await ws.receive_bytes() == b"\x01again\n"
+            await asyncio.sleep(0.05)
+            await ws.send_bytes(b"\xff\x00")  # v5: stdin closed, the command ends
+            assert json.loads((await ws.receive_bytes())[1:]) == success_status()
+        assert started == [TerminalSize(132, 43)]
+        assert process.sizes == [(100, 40)]  # later sizes resize it
+    finally:
+        await client.close()
+
+
+async def test_a_client_that_sends_no_size_has_its_command_started_all_the_same() -> None:
+    process = EchoProcess()
+    started: list[TerminalSize | None] = []
+    opts = ExecOptions(["sh"], stdin=True, stdout=True, stderr=False, tty=True)
+    client = await _session_server(opts, started, process)
+    try:
+        async with client.ws_connect("/exec", protocols=("v5.channel.k8s.io",)) as ws:
+            assert await ws.receive_bytes() == b"\x01"
+            await ws.send_bytes(b"\x00hi\n")
+            assert await ws.receive_bytes() == b"\x01hi\n"  # after FIRST_SIZE_WAIT
+            await ws.send_bytes(b"\xff\x00")
+            assert json.loads((await ws.receive_bytes())[1:]) == success_status()
+        assert started == [None] and process.sizes == []
+    finally:
+        await client.close()
+
+
+async def test_terminal_sizes_keep_only_the_latest_unapplied_one() -> None:
+    class Sizes:
+        def __init__(self) -> None:
+            self.queue: asyncio.Queue[tuple[int, int] | None] = asyncio.Queue()
+
+        async def resizes(self) -> AsyncIterator[tuple[int, int]]:
+            while (size := await self.queue.get()) is not None:
+                yield size
+
+    channels = Sizes()
+    sizes = TerminalSizes(channels)  # type: ignore[arg-type]
+    for n in range(1, 1001):
+        channels.queue.put_nowait((n, n))
+    await asyncio.sleep(0.01)
+    assert await sizes.next() == (1000, 1000)
+    assert await sizes.first(0.05) is None  # nothing new
+    channels.queue.put_nowait(None)  # the client can send no more
+    assert await sizes.next() is None
+    await sizes.close()

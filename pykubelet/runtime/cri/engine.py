@@ -52,6 +52,7 @@ from pykubelet.runtime.base import (
     RuntimeVersion,
     SandboxConfig,
     StartError,
+    TerminalSize,
 )
 from pykubelet.runtime.cri import stats
 from pykubelet.runtime.cri.client import CALL_TIMEOUT, CriClient, CriError, unix_socket_path
@@ -567,11 +568,20 @@ class CriEngine:
         return ExecResult(int(reply.exit_code), output)
 
     async def exec_stream(
-        self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
+        self,
+        id: str,
+        name: str,
+        command: list[str],
+        *,
+        stdin: bool,
+        tty: bool,
+        size: TerminalSize | None = None,
     ) -> ExecStream:
         """The CRI's Exec, whose answer is a URL of the runtime's own streaming server: the
         session is ours there (streamclient.py), its output streamed as it is written, its
-        outcome from the session's Status."""
+        outcome from the session's Status. The CRI's ExecRequest has no terminal size: `size`
+        is the first message on the resize stream (containerd applies it once the command
+        has started)."""
         if not command:
             raise RuntimeFailure(f"no command to run in container {name}")
         what = f"exec of {command[0]!r} in container {name}"
@@ -584,7 +594,10 @@ class CriEngine:
             message = e.details if isinstance(e, CriError) else str(e)
             raise RuntimeFailure(f"cannot run {command[0]!r} in container {name}: {message}") from e
         streams = Streams(stdin=stdin, stdout=True, stderr=not tty, tty=tty)
-        return await open_stream(reply.url, streams, what)
+        stream = await open_stream(reply.url, streams, what)
+        if tty and size is not None:
+            await stream.resize(size.width, size.height)
+        return stream
 
     async def attach(self, id: str, name: str, *, stdin: bool, tty: bool) -> ExecStream:
         """The CRI's Attach, whose answer is a URL of the runtime's own streaming server (as

@@ -21,8 +21,9 @@ import aiohttp
 from aiodocker.execs import Exec
 from aiodocker.jsonstream import json_stream_list
 from aiodocker.stream import Stream
+from yarl import URL
 
-from pykubelet.runtime.base import RuntimeFailure
+from pykubelet.runtime.base import RuntimeFailure, TerminalSize
 
 API_TIMEOUT = 120.0  # one ordinary call; Podman serialises creates, so a busy engine is slow
 CONNECT_TIMEOUT = 10.0
@@ -169,13 +170,24 @@ class DockerClient:
             ) as resp:
                 yield resp
 
-    async def exec_session(self, exec_id: str, tty: bool) -> ExecSession:
-        """Start the exec `exec_id` (created with its stdio attached) on a hijacked connection."""
+    async def exec_session(
+        self, exec_id: str, tty: bool, size: TerminalSize | None = None
+    ) -> ExecSession:
+        """Start the exec `exec_id` (created with its stdio attached) on a hijacked connection,
+        its terminal (with `tty`) of `size` from the start: Docker reads the start's
+        ConsoleSize ([height, width]), Podman its h and w; each ignores the other's."""
         client = self._require()
-        # No deadline once connected: the command runs as long as it likes.
-        stream = Exec(client, exec_id, tty).start(
-            detach=False, timeout=aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT)
-        )
+        body: dict[str, Any] = {"Detach": False, "Tty": tty}
+        if size is not None:
+            body.update(ConsoleSize=[size.height, size.width], h=size.height, w=size.width)
+        payload = json.dumps(body).encode()
+
+        async def setup() -> tuple[URL, bytes, bool]:
+            return URL(f"exec/{exec_id}/start"), payload, tty
+
+        # aiodocker's Exec.start, with our body. No deadline once connected: the command runs
+        # as long as it likes.
+        stream = Stream(client, setup, aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT))
         with self._errors():
             await stream.__aenter__()
         return ExecSession(self, exec_id, stream)

@@ -56,6 +56,7 @@ from pykubelet.runtime.base import (
     RuntimeVersion,
     SandboxConfig,
     StartError,
+    TerminalSize,
 )
 from pykubelet.runtime.docker import storage
 from pykubelet.runtime.docker.client import DockerClient, EngineError
@@ -460,24 +461,36 @@ class DockerEngine:
         return ExecResult(int(code) if isinstance(code, int) else -1, bytes(output))
 
     async def exec_stream(
-        self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
+        self,
+        id: str,
+        name: str,
+        command: list[str],
+        *,
+        stdin: bool,
+        tty: bool,
+        size: TerminalSize | None = None,
     ) -> ExecStream:
-        """The engine's exec with its stdio attached, on a hijacked connection. A command the
-        engine cannot start shows it on the command's output (runc's complaint) and exits
-        126 or 127, as `docker exec` shows it."""
+        """The engine's exec with its stdio attached, on a hijacked connection; a terminal of
+        `size` from its start (the create's and start's ConsoleSize, Docker's API 1.42, and the
+        start's h and w, Podman's). A command the engine cannot start shows it on the
+        command's output (runc's complaint) and exits 126 or 127, as `docker exec` shows it."""
         what = f"{command[0]!r} in container {name}" if command else "nothing"
         if not command:
             raise RuntimeFailure(f"no command to run in container {name}")
-        body = {
+        body: dict[str, Any] = {
             "AttachStdin": stdin,
             "AttachStdout": True,
             "AttachStderr": True,
             "Tty": tty,
             "Cmd": command,
         }
+        if tty and size is not None:
+            body["ConsoleSize"] = [size.height, size.width]
         try:
             created = await self._client.json("POST", f"containers/{id}/exec", body=body)
-            session = await self._client.exec_session(str(created["Id"]), tty)
+            session = await self._client.exec_session(
+                str(created["Id"]), tty, size if tty else None
+            )
         except EngineError as e:
             raise RuntimeFailure(f"cannot run {what}: {e.message}") from e
         return DockerExecStream(session, what, stdin=stdin, tty=tty, kill=self._kill_exec)

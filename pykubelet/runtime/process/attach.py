@@ -24,16 +24,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import os
-import struct
-import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from pykubelet.runtime.base import STDOUT, RuntimeFailure
 from pykubelet.runtime.process import statefile
+from pykubelet.runtime.process.execstream import set_terminal_size
 
 log = logging.getLogger(__name__)
 
@@ -142,9 +140,8 @@ class ContainerStdio:
     def resize(self, width: int, height: int) -> None:
         if self._master is None or self._closed:
             return
-        size = struct.pack("HHHH", _clamp(height), _clamp(width), 0, 0)
         with contextlib.suppress(OSError):  # gone with the container: nothing to resize
-            fcntl.ioctl(self._master, termios.TIOCSWINSZ, size)
+            set_terminal_size(self._master, width, height)
 
     async def close(self) -> None:
         """Release it all (the container exited, or the runtime closes)."""
@@ -286,7 +283,3 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def _clamp(n: int) -> int:
-    return max(0, min(int(n), 0xFFFF))

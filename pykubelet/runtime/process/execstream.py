@@ -37,7 +37,7 @@ import struct
 import termios
 from collections.abc import AsyncIterator, Callable
 
-from pykubelet.runtime.base import STDERR, STDOUT, RuntimeFailure
+from pykubelet.runtime.base import STDERR, STDOUT, RuntimeFailure, TerminalSize
 from pykubelet.runtime.process.processes import kill_group
 from pykubelet.runtime.process.spawn import ExecPlan, spawn_attached
 
@@ -54,9 +54,15 @@ Forget = Callable[["ProcessExecStream"], None]
 
 
 async def start_exec(
-    plan: ExecPlan, *, stdin: bool, tty: bool, forget: Forget | None = None
+    plan: ExecPlan,
+    *,
+    stdin: bool,
+    tty: bool,
+    size: TerminalSize | None = None,
+    forget: Forget | None = None,
 ) -> ProcessExecStream:
-    """Start `plan` with its stdio attached; `forget(stream)` is called once it is closed."""
+    """Start `plan` with its stdio attached (a terminal of `size` from its first instruction,
+    with `tty`); `forget(stream)` is called once it is closed."""
     loop = asyncio.get_running_loop()
     ours: list[int] = []  # kept by the stream
     theirs: list[int] = []  # the child's ends, closed here once it has them
@@ -65,6 +71,8 @@ async def start_exec(
             master, slave = os.openpty()
             ours.append(master)
             theirs.append(slave)
+            if size is not None:
+                set_terminal_size(master, size.width, size.height)
             child = (slave, slave, slave)
             outputs = {master: STDOUT}
             stdin_fd: int | None = master if stdin else None
@@ -193,10 +201,8 @@ class ProcessExecStream:
     async def resize(self, width: int, height: int) -> None:
         if self._master is None or self._closed:
             return
-        size = struct.pack("HHHH", _clamp(height), _clamp(width), 0, 0)
-        # The kernel sends SIGWINCH to the terminal's foreground process group.
         with contextlib.suppress(OSError):  # gone with the command: nothing to resize
-            fcntl.ioctl(self._master, termios.TIOCSWINSZ, size)
+            set_terminal_size(self._master, width, height)
 
     async def wait(self) -> int | None:
         await self._exited.wait()
@@ -336,6 +342,13 @@ class ProcessExecStream:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
+
+
+def set_terminal_size(fd: int, width: int, height: int) -> None:
+    """The terminal's size (each clamped to 16 bits); OSError if `fd` is no terminal (any
+    more). The kernel sends SIGWINCH to the terminal's foreground process group."""
+    winsize = struct.pack("HHHH", _clamp(height), _clamp(width), 0, 0)  # rows, columns
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, winsize)
 
 
 def _clamp(n: int) -> int:

@@ -58,6 +58,7 @@ from pykubelet.runtime.base import (
     RuntimeVersion,
     SandboxConfig,
     StartError,
+    TerminalSize,
     dial_local_port,
 )
 from pykubelet.runtime.process import records, statefile
@@ -310,11 +311,13 @@ class ProcessRuntime:
         *,
         stdin: bool,
         tty: bool,
+        size: TerminalSize | None = None,
     ) -> ExecStream:
-        """As exec_sync runs it, with pipes or a terminal for its stdio (execstream.py). It
-        dies with the container, as a process in the container's PID namespace would."""
+        """As exec_sync runs it, with pipes or a terminal (of `size` before it starts) for its
+        stdio (execstream.py). It dies with the container, as a process in the container's
+        PID namespace would."""
         rec, plan = await self._exec_plan(container, command, env)
-        stream = await start_exec(plan, stdin=stdin, tty=tty, forget=self._forget_exec)
+        stream = await start_exec(plan, stdin=stdin, tty=tty, size=size, forget=self._forget_exec)
         # The container may have exited while the command started: it must not outlive it.
         if not rec.running or rec.finishing:
             await stream.close()

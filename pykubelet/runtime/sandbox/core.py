@@ -60,6 +60,7 @@ from pykubelet.runtime.base import (
     SandboxConfig,
     SharedPulls,
     StartError,
+    TerminalSize,
     dial_local_port,
     ensure_image,
 )
@@ -446,11 +447,12 @@ class SandboxRuntime(Generic[R]):
         *,
         stdin: bool,
         tty: bool,
+        size: TerminalSize | None = None,
     ) -> ExecStream:
         """Through the engine, as exec_sync (the container's own environment)."""
         self._check_running(container)
         return await self._engine.exec_stream(
-            container.id, container.name, command, stdin=stdin, tty=tty
+            container.id, container.name, command, stdin=stdin, tty=tty, size=size
         )
 
     async def attach(self, container: RuntimeContainer, *, stdin: bool, tty: bool) -> ExecStream:

@@ -39,6 +39,7 @@ from pykubelet.runtime.base import (
     RuntimeImage,
     RuntimeVersion,
     SandboxConfig,
+    TerminalSize,
 )
 
 
@@ -293,11 +294,18 @@ class Engine(Inspector, Protocol[R]):
         ...
 
     async def exec_stream(
-        self, id: str, name: str, command: list[str], *, stdin: bool, tty: bool
+        self,
+        id: str,
+        name: str,
+        command: list[str],
+        *,
+        stdin: bool,
+        tty: bool,
+        size: TerminalSize | None = None,
     ) -> ExecStream:
         """Start `command` in the running container `name` as exec_sync does, with its stdio
-        attached (a terminal with `tty`); RuntimeFailure if it cannot start or the engine
-        cannot do that (saying why)."""
+        attached (a terminal with `tty`, of `size` as soon as the engine can); RuntimeFailure
+        if it cannot start or the engine cannot do that (saying why)."""
         ...
 
     async def attach(self, id: str, name: str, *, stdin: bool, tty: bool) -> ExecStream:

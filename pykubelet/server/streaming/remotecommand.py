@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pykubelet.runtime.base import STDERR, STDOUT, ExecStream
+from pykubelet.runtime.base import STDERR, STDOUT, ExecStream, TerminalSize
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +139,59 @@ class Channels(Protocol):
         """Return once the client's connection is gone."""
 
 
-async def serve_exec(channels: Channels, process: ExecStream, opts: ExecOptions) -> int | None:
+class TerminalSizes:
+    """The client's terminal sizes, read from the start of the session, so that the first one
+    can be had before the command starts (kubectl sends it as soon as its streams are open)
+    and the command's terminal never shows 0x0. Only the latest unapplied size is kept: a
+    size replaces the one before, so a client that sends many holds no memory."""
+
+    def __init__(self, channels: Channels) -> None:
+        self._pending: tuple[int, int] | None = None
+        self._ended = False
+        self._changed = asyncio.Event()
+        self._reader = asyncio.create_task(self._read(channels), name="terminal sizes")
+
+    async def _read(self, channels: Channels) -> None:
+        try:
+            async for size in channels.resizes():
+                self._pending = size
+                self._changed.set()
+        finally:
+            self._ended = True
+            self._changed.set()
+
+    async def next(self) -> tuple[int, int] | None:
+        """The latest size not yet returned, once there is one; None once the client can
+        send no more."""
+        while self._pending is None and not self._ended:
+            self._changed.clear()
+            await self._changed.wait()
+        size, self._pending = self._pending, None
+        return size
+
+    async def first(self, within: float) -> TerminalSize | None:
+        """The client's size, if it sends one within `within` seconds."""
+        try:
+            async with asyncio.timeout(within):
+                size = await self.next()
+        except TimeoutError:
+            return None
+        return None if size is None else TerminalSize(*size)
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+async def serve_exec(
+    channels: Channels, process: ExecStream, opts: ExecOptions, sizes: TerminalSizes | None = None
+) -> int | None:
     """Run the session until the command has exited and its output was sent (or the client
     went); returns the exit code. The process is closed (killed if still running) when the
-    session ends."""
+    session ends. `sizes`: the client's terminal sizes if they are read already (read from
+    `channels` otherwise)."""
     try:
-        await _copy(channels, process, opts)
+        await _copy(channels, process, opts, sizes)
         code = await process.wait()
     finally:
         await process.close()
@@ -157,24 +204,28 @@ async def serve_exec(channels: Channels, process: ExecStream, opts: ExecOptions)
     return code
 
 
-async def serve_attach(channels: Channels, stream: ExecStream, opts: ExecOptions) -> None:
+async def serve_attach(
+    channels: Channels, stream: ExecStream, opts: ExecOptions, sizes: TerminalSizes | None = None
+) -> None:
     """Run an attach until the container's output ends (it exited) or the client goes; then
     detach (the stream is closed, the container runs on) and report Success."""
     try:
-        await _copy(channels, stream, opts)
+        await _copy(channels, stream, opts, sizes)
     finally:
         await stream.close()
     await channels.finish(success_status())
 
 
-async def _copy(channels: Channels, process: ExecStream, opts: ExecOptions) -> None:
+async def _copy(
+    channels: Channels, process: ExecStream, opts: ExecOptions, sizes: TerminalSizes | None
+) -> None:
     """Copy stdin, resizes and output until the output ends; ConnectionResetError if the client
     went first (the caller closes the process)."""
     tasks = [asyncio.create_task(channels.wait_gone())]
     if opts.stdin:
         tasks.append(asyncio.create_task(_pump_stdin(channels, process)))
     if opts.tty:
-        tasks.append(asyncio.create_task(_pump_resizes(channels, process)))
+        tasks.append(asyncio.create_task(_pump_resizes(sizes or TerminalSizes(channels), process)))
     copy = asyncio.create_task(_copy_output(channels, process, opts))
     try:
         await asyncio.wait({copy, tasks[0]}, return_when=asyncio.FIRST_COMPLETED)
@@ -203,10 +254,13 @@ async def _pump_stdin(channels: Channels, process: ExecStream) -> None:
     await process.close_stdin()
 
 
-async def _pump_resizes(channels: Channels, process: ExecStream) -> None:
-    async for width, height in channels.resizes():
-        with contextlib.suppress(OSError):
-            await process.resize(width, height)
+async def _pump_resizes(sizes: TerminalSizes, process: ExecStream) -> None:
+    try:
+        while (size := await sizes.next()) is not None:
+            with contextlib.suppress(OSError):
+                await process.resize(*size)
+    finally:
+        await sizes.close()
 
 
 # A terminal size is a few dozen bytes: more that parses as nothing is dropped, not kept.

@@ -10,6 +10,10 @@ SPDY, as the API server speaks it to kubelets: the client offers versions in
 `streamType` (error always; stdin, stdout, stderr as asked; resize with a terminal from v3),
 each within 30 s of the upgrade (the kubelet's stream creation timeout).
 
+An exec with a terminal starts its command once the client's first terminal size has come
+(kubectl sends it as soon as its streams are open; a client that sends none waits
+FIRST_SIZE_WAIT), with that size: the command never sees a 0x0 terminal.
+
 A command that cannot start (the container stopped meanwhile, a program that is not there), or an
 attach the runtime cannot make, ends the session with an InternalError Status on the error
 stream, as the kubelet's exec and attach do.
@@ -26,7 +30,14 @@ from typing import Any, Literal
 from aiohttp import web
 
 from pykubelet.common.spdy import SpdySession, SpdyStream
-from pykubelet.runtime.base import STDERR, STDOUT, ExecStream, RuntimeContainer, RuntimeFailure
+from pykubelet.runtime.base import (
+    STDERR,
+    STDOUT,
+    ExecStream,
+    RuntimeContainer,
+    RuntimeFailure,
+    TerminalSize,
+)
 from pykubelet.server.errors import status_response
 from pykubelet.server.streaming.hijack import upgrade_to_spdy
 from pykubelet.server.streaming.remotecommand import (
@@ -38,6 +49,7 @@ from pykubelet.server.streaming.remotecommand import (
     Channels,
     ExecOptions,
     ResizeDecoder,
+    TerminalSizes,
     error_status,
     serve_attach,
     serve_exec,
@@ -53,8 +65,12 @@ STREAM_CREATION_TIMEOUT = 30.0
 PROTOCOL_HEADER = "X-Stream-Protocol-Version"
 
 Verb = Literal["exec", "attach"]
-# What the session runs: the command started, or the container's stdio attached.
-Start = Callable[[], Awaitable[ExecStream]]
+# What the session runs: the command started (with a terminal of the client's size, if it sent
+# one), or the container's stdio attached.
+Start = Callable[[TerminalSize | None], Awaitable[ExecStream]]
+# How long an exec with a terminal waits for the client's size before the command starts:
+# kubectl sends it as soon as its streams are open; a client that sends none costs this once.
+FIRST_SIZE_WAIT = 1.0
 
 
 async def serve_stream(
@@ -135,21 +151,28 @@ async def _run(
         if verb == "exec"
         else ("error attaching to container")
     )
+    sizes = TerminalSizes(channels) if opts.tty else None
     try:
-        process = await start()
-    except RuntimeFailure as exc:
-        await channels.finish(error_status(f"{failed}: {exc}"))
-        return
-    try:
+        # A command started before the size is known would see a 0x0 terminal (`stty size`,
+        # a full-screen program's first frame); an attached container has its terminal already.
+        size = await sizes.first(FIRST_SIZE_WAIT) if sizes and verb == "exec" else None
+        try:
+            process = await start(size)
+        except RuntimeFailure as exc:
+            await channels.finish(error_status(f"{failed}: {exc}"))
+            return
         if verb == "exec":
-            await serve_exec(channels, process, opts)
+            await serve_exec(channels, process, opts, sizes)
         else:
-            await serve_attach(channels, process, opts)
+            await serve_attach(channels, process, opts, sizes)
     except RuntimeFailure as exc:
         # The engine went away in the middle (its connection, a CRI call that failed).
         await channels.finish(error_status(f"{failed}: {exc}"))
     except (ConnectionError, asyncio.IncompleteReadError) as exc:
         log.info("%s in container %s ended with the client gone: %s", verb, container.name, exc)
+    finally:
+        if sizes is not None:
+            await sizes.close()
 
 
 class SpdyChannels:
