@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +51,9 @@ from pykubelet.runtime.base import Mount, SandboxConfig
 log = logging.getLogger(__name__)
 
 ETC_HOSTS_FILE = "etc-hosts"  # the kubelet's name, in the pod's directory
+# How long the node's resolv.conf, once read, serves the sandboxes made after it (the kubelet
+# reads it per sandbox; a second keeps a burst to one read and an edit visible at once).
+NODE_RESOLVER_TTL = 1.0
 RESOLV_CONF_FILE = "resolv.conf"
 
 
@@ -70,14 +74,30 @@ class PodNetwork:
         self._pod_dir = pod_dir
         self._all_host_network = all_host_network
         self._node_hosts_file = node_hosts_file
+        # uid -> the pod's resolv.conf written with its sandbox, or None where the pod sees the
+        # node's own: each container start binds what its sandbox got (as containerd's file,
+        # written once at RunPodSandbox) without a thread hop to look for it again.
+        self._resolv_conf: dict[str, str | None] = {}
+        self._node_read: tuple[float, ResolvConf | None] | None = None  # (when, what)
+        self._node_reading: asyncio.Future[ResolvConf | None] | None = None
 
     def host_network(self, pod: Pod) -> bool:
         return self._all_host_network or bool(pod.spec.host_network)
 
     async def sandbox_config(self, pod: Pod) -> SandboxConfig:
         """The pod's sandbox hostname and DNS; DnsError saying why they cannot be formed."""
-        # The node's resolver read and the pod's file written in one thread hop.
-        dns = await asyncio.to_thread(self._dns_written, pod)
+        node = await self._node_resolver()
+        dns = pod_dns(pod, self._settings, node, host_network=self.host_network(pod))
+        if dns.nodes_own or not dns.config:
+            # No file of its own (the process runtime's pods, hostNetwork pods): no thread hop,
+            # but for one that an earlier sandbox of the pod had.
+            if self._resolv_conf.get(pod.uid) is not None:
+                await asyncio.to_thread(self._write_resolv_conf, pod.uid, dns)
+            self._resolv_conf[pod.uid] = None
+        else:
+            self._resolv_conf[pod.uid] = await asyncio.to_thread(
+                self._write_resolv_conf, pod.uid, dns
+            )
         ref = ObjectRef("Pod", pod.metadata.name, pod.metadata.namespace, pod.uid)
         for event in dns.events:
             self._recorder.record(
@@ -89,11 +109,28 @@ class PodNetwork:
             hostname = kernel_hostname(name, domain, bool(pod.spec.set_hostname_as_fqdn))
         return SandboxConfig(hostname=hostname, dns=dns.config)
 
-    def _dns_written(self, pod: Pod) -> PodDNS:
-        node = self._read_node_resolver()
-        dns = pod_dns(pod, self._settings, node, host_network=self.host_network(pod))
-        self._write_resolv_conf(pod.uid, dns)
-        return dns
+    async def _node_resolver(self) -> ResolvConf | None:
+        """The node's resolver (--resolv-conf), read again once it is NODE_RESOLVER_TTL old: a
+        burst of sandboxes shares one read instead of a thread hop each."""
+        if (
+            self._node_read is not None
+            and time.monotonic() - self._node_read[0] < NODE_RESOLVER_TTL
+        ):
+            return self._node_read[1]
+        if self._node_reading is None:
+            self._node_reading = asyncio.ensure_future(asyncio.to_thread(self._read_node_resolver))
+            self._node_reading.add_done_callback(self._node_resolver_read)
+        # Shielded: one waiter cancelled (a kill cancels a sync) leaves the read to the others.
+        return await asyncio.shield(self._node_reading)
+
+    def _node_resolver_read(self, reading: asyncio.Future[ResolvConf | None]) -> None:
+        self._node_reading = None
+        if not reading.cancelled() and reading.exception() is None:  # a DnsError: read again
+            self._node_read = (time.monotonic(), reading.result())
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone: what was kept of its sandbox goes too."""
+        self._resolv_conf.pop(uid, None)
 
     async def container_files(
         self, pod: Pod, pod_ip: str | None, mounts: list[Mount]
@@ -112,8 +149,8 @@ class PodNetwork:
 
     # --- resolv.conf ----------------------------------------------------------------------------
 
-    async def _dns(self, pod: Pod) -> PodDNS:
-        node = await asyncio.to_thread(self._read_node_resolver)
+    def _dns(self, pod: Pod) -> PodDNS:
+        node = self._read_node_resolver()
         return pod_dns(pod, self._settings, node, host_network=self.host_network(pod))
 
     def _read_node_resolver(self) -> ResolvConf | None:
@@ -130,22 +167,29 @@ class PodNetwork:
             raise DnsError(f"--resolv-conf {path}: " + "; ".join(problems))
         return parsed
 
-    def _write_resolv_conf(self, uid: str, dns: PodDNS) -> None:
+    def _write_resolv_conf(self, uid: str, dns: PodDNS) -> str | None:
+        """The pod's own resolv.conf written, or removed where it sees the node's; its path."""
         path = self._pod_dir(uid) / RESOLV_CONF_FILE
         if dns.nodes_own or not dns.config:
             path.unlink(missing_ok=True)
-            return
+            return None
         _write_in_place(path, dns.config.resolv_conf())
+        return str(path)
 
     async def _resolv_conf_path(self, pod: Pod) -> str | None:
+        if pod.uid in self._resolv_conf:
+            return self._resolv_conf[pod.uid]
+        # A sandbox this agent did not make (adopted after a restart): its file looked for, and
+        # written again if it is gone, in one hop.
+        path = await asyncio.to_thread(self._existing_resolv_conf, pod)
+        self._resolv_conf[pod.uid] = path
+        return path
+
+    def _existing_resolv_conf(self, pod: Pod) -> str | None:
         path = self._pod_dir(pod.uid) / RESOLV_CONF_FILE
-        if not await asyncio.to_thread(path.is_file):
-            # Written with the sandbox; an agent that adopted the sandbox may find it gone.
-            dns = await self._dns(pod)
-            await asyncio.to_thread(self._write_resolv_conf, pod.uid, dns)
-            if not await asyncio.to_thread(path.is_file):
-                return None
-        return str(path)
+        if path.is_file():
+            return str(path)
+        return self._write_resolv_conf(pod.uid, self._dns(pod))
 
     # --- /etc/hosts -----------------------------------------------------------------------------
 

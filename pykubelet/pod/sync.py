@@ -737,6 +737,7 @@ class PodSync:
             self.prober.remove_pod(uid)
             await self.runtime.remove_pod(uid)
             await self.volumes.teardown(uid)
+            self.network.forget(uid)
             self._last_volumes.pop(uid, None)
             self._volume_failures.pop(uid, None)
             self.statuses.forget(uid)

@@ -206,12 +206,16 @@ class VolumeManager:
         self._root = os.geteuid() == 0
         self._written: dict[Path, str] = {}  # a volume's directory -> the payload it holds
         self._owned: set[Path] = set()  # volumes given to their pod's fsGroup
+        self._dir_made = False  # the pods' directory, made once (a pod with no volume needs
+        # nothing else, and its sync no thread hop)
 
     def pod_dir(self, uid: str) -> Path:
         return self._dir / uid
 
     async def setup(self, pod: Pod, objects: ApiObjects) -> dict[str, str]:
         """Prepare every volume of the pod; returns each volume's path on the host."""
+        if not pod.spec.volumes and self._dir_made:
+            return {}
         tokens = await self._pod_tokens(pod)
         return await asyncio.to_thread(self._setup, pod, objects, tokens)
 
@@ -247,6 +251,8 @@ class VolumeManager:
         self, pod: Pod, container: Container, paths: dict[str, str]
     ) -> list[Mount]:
         """The container's volumeMounts as host paths, subPaths made and checked."""
+        if not container.volume_mounts:
+            return []
         return await asyncio.to_thread(self._mounts, pod, container, paths)
 
     async def teardown(self, uid: str) -> None:
@@ -270,6 +276,7 @@ class VolumeManager:
     ) -> dict[str, str]:
         # Private, as everything under --root-dir: containers reach their volumes by the binds.
         os.makedirs(self._dir, 0o700, exist_ok=True)
+        self._dir_made = True
         paths: dict[str, str] = {}
         for volume in pod.spec.volumes or []:
             try:

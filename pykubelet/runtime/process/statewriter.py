@@ -14,7 +14,7 @@ from typing import Any
 
 from pykubelet.runtime.process import statefile
 
-_Item = tuple[Path, Any, Path | None, "asyncio.Future[None]"]
+_Item = tuple[Path, Any, Path | None, bool, "asyncio.Future[None]"]
 
 # Batches on disk at once: a few in parallel let the filesystem commit their fsyncs together
 # (one thread fsyncing a whole burst in turn was slower than the old thread per write).
@@ -30,13 +30,15 @@ class StateWriter:
         self._flushers = 0  # counted down in the flusher itself: none ends unseen
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def write(self, path: Path, data: Any, then_remove: Path | None = None) -> None:
+    async def write(
+        self, path: Path, data: Any, then_remove: Path | None = None, make_dir: bool = False
+    ) -> None:
         """Atomically replace `path` with `data` as JSON, durably; then delete `then_remove`.
-        Raises the OSError of this file's write."""
+        `make_dir`: its directory is made if missing. Raises the OSError of this file's write."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Retrieved even when its writer was cancelled meanwhile, so no "never retrieved" noise.
         future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._pending.append((path, data, then_remove, future))
+        self._pending.append((path, data, then_remove, make_dir, future))
         if self._flushers < FLUSHERS:
             self._flushers += 1
             task = asyncio.create_task(self._flush(), name="state-writer")
@@ -51,7 +53,7 @@ class StateWriter:
                 batch, self._pending = self._pending, []
                 try:
                     errors = await asyncio.to_thread(
-                        statefile.write_json_many, [(p, d, r) for p, d, r, _ in batch]
+                        statefile.write_json_many, [(p, d, r, m) for p, d, r, m, _ in batch]
                     )
                 except BaseException as e:
                     # Cancelled (the agent stops): the writers are, as their own to_thread
