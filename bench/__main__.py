@@ -26,6 +26,7 @@ from bench import (
     cluster_start,
     engine_floor,
     floor,
+    fscost,
     latency,
     merger,
     node_resources,
@@ -88,8 +89,11 @@ def main() -> int:
             # The floor just before the agent, on the same manifests and writer: one ratio
             # compares two runs a few seconds apart on the same (shared, noisy) machine.
             f = floor.run(n)
+            cost = fscost.measure()
             r = latency.run(n, edits_one=20, deletes_one=20)
             r["floor"], r["ratio_to_floor"] = f, floor.ratios(r, f)
+            r["file_system"] = cost
+            print(fscost.line(cost), flush=True)
             results["latency_process"].append(r)
             for line in _latency_lines(r):
                 print(line, flush=True)
