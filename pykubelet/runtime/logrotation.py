@@ -30,9 +30,9 @@ COMPRESS_SUFFIX = ".gz"
 TMP_SUFFIX = ".tmp"
 
 
-def needs_rotation(path: Path, policy: LogRotationPolicy) -> bool:
+def needs_rotation(path: Path | str, policy: LogRotationPolicy) -> bool:
     try:
-        return path.stat().st_size >= policy.max_size
+        return os.stat(path).st_size >= policy.max_size
     except FileNotFoundError:
         return False
 

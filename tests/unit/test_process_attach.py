@@ -109,6 +109,8 @@ async def test_a_container_not_running_is_refused(rt: ProcessRuntime) -> None:
 
 
 async def test_nothing_is_left_open(rt: ProcessRuntime) -> None:
+    # The launch server's socket is the runtime's for its whole life: opened by a first start.
+    await wait_exited(rt, await running(rt, "exit 0", stdin=True, tty=True))
     before = set(os.listdir("/proc/self/fd"))
     c = await running(rt, "read -r x; exit 0", stdin=True, tty=True)
     stream = await rt.attach(c, stdin=True, tty=True)

@@ -78,6 +78,17 @@ def reap(pidfd: int) -> int | None:
     return 128 + result.si_status  # killed by signal N: Kubernetes reports 128 + N
 
 
+def exit_code(status: int | None) -> int | None:
+    """The Kubernetes exit code of a wait status (None: unknown)."""
+    if status is None:
+        return None
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)  # killed by signal N: Kubernetes reports 128 + N
+    return None
+
+
 def reopen(pid: int, start_time: int, boot: str) -> int | None:
     """A pidfd on the process recorded as (`pid`, `start_time`, `boot`) if it still exists (a
     zombie counts: its exit is then seen at once), None if it is gone or its pid now belongs to

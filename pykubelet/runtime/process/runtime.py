@@ -67,6 +67,7 @@ from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgrou
 from pykubelet.runtime.process.execplan import check_running, exec_plan
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
+from pykubelet.runtime.process.launchserver import LaunchServer
 from pykubelet.runtime.process.logread import follow_plain_log, read_plain_log
 from pykubelet.runtime.process.logrotate import LogRotator
 from pykubelet.runtime.process.podsmount import make_pods_mount, release_pods_mount
@@ -82,12 +83,14 @@ from pykubelet.runtime.process.records import (
 )
 from pykubelet.runtime.process.security import check_container, check_pod
 from pykubelet.runtime.process.spawn import (
+    LAUNCHER_ENV,
     ExecPlan,
     Stdio,
     container_env,
     exec_launched,
     launch_config,
     os_reason,
+    reap_container,
     spawn,
     spawn_launched,
 )
@@ -147,6 +150,8 @@ class ProcessRuntime:
         self._stdio: dict[str, ContainerStdio] = {}
         self._rotator = LogRotator()
         self._state = StateWriter()
+        # Forks the launchers of the containers that need one (launchserver.py).
+        self._launcher = LaunchServer(dict(LAUNCHER_ENV))
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -217,6 +222,8 @@ class ProcessRuntime:
         while self._tasks:
             # Exits already seen still reach their state files.
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Its children run on: reaped by init once it is gone, as after an agent's SIGKILL.
+        await asyncio.to_thread(self._launcher.close)
         self._pods.clear()
         self._pod_locks.clear()
         self._loop = None
@@ -522,7 +529,9 @@ class ProcessRuntime:
                 pid, pidfd, start_time = spawn(argv, cwd, env, log_path, stdio=spawn_stdio)
             else:
                 launch["cgroups"] = procs
-                pid, pidfd, start_time = await spawn_launched(launch, log_path, spawn_stdio)
+                pid, pidfd, start_time = await spawn_launched(
+                    launch, log_path, spawn_stdio, self._launcher
+                )
         except BaseException:
             if stdio is not None:
                 await stdio.close()
@@ -642,16 +651,24 @@ class ProcessRuntime:
     async def rotate_logs(self, policy: LogRotationPolicy) -> None:
         """The running containers' logs, rotated in place (process/logrotate.py)."""
         running = [
-            (rec.id, self._log_path(rec.pod_uid, rec.name, rec.attempt))
+            (rec.id, rec.pod_uid, rec.name, rec.attempt)
             for pod in list(self._pods.values())
             for rec in list(pod.containers.values())
             if rec.running
         ]
-        # One thread call sizes every log: a thread hop per container, every 10 s, was most of
-        # the cost at 1,000 idle pods, and few logs are ever due.
-        due = await asyncio.to_thread(
-            lambda: [(id, path) for id, path in running if logrotation.needs_rotation(path, policy)]
-        )
+
+        def due_logs() -> list[tuple[str, Path]]:
+            # Paths as strings until one is due: building a Path per container, every 10 s,
+            # was most of the pass at 1,000 idle pods, and few logs are ever due.
+            due = []
+            for id, uid, name, attempt in running:
+                path = self._log_file(uid, name, attempt)
+                if logrotation.needs_rotation(path, policy):
+                    due.append((id, Path(path)))
+            return due
+
+        # One thread call sizes every log: a thread hop per container was the cost before.
+        due = await asyncio.to_thread(due_logs)
         for id, path in due:
             try:
                 await self._rotator.rotate(id, path, policy)
@@ -677,13 +694,14 @@ class ProcessRuntime:
         pidfd = rec.pidfd
         if pidfd is None or rec.finishing:
             return
-        if rec.cgroup:
+        if rec.cgroup or self._launcher.owns(rec.pid):
             # Unreaped, the zombie keeps its pid (and group id) while the cgroups are read and
-            # emptied in a thread; then the exit is handled as below.
+            # emptied in a thread, or while the launch server is asked for its status; then
+            # the exit is handled as below.
             rec.finishing = True
             assert self._loop is not None
             self._loop.remove_reader(pidfd)
-            self._spawn_task(self._finish_cgroups(rec))
+            self._spawn_task(self._finish(rec))
             return
         # Leftovers die with their container's main process, as in a PID namespace. Do it before
         # reaping: until then the zombie keeps its pid, so the group id names only this
@@ -694,17 +712,23 @@ class ProcessRuntime:
         self._unwatch(rec)
         self._record_code(rec, code, oom=False)
 
-    async def _finish_cgroups(self, rec: ContainerRecord) -> None:
-        try:
-            oom = await asyncio.to_thread(self._cgroups.finish, rec.pod_uid, rec.id)
-        except OSError as e:
-            log.error("container %s: cannot clean up its cgroups: %s", rec.id, e)
-            oom = False
+    async def _finish(self, rec: ContainerRecord) -> None:
+        oom = False
+        if rec.cgroup:
+            try:
+                oom = await asyncio.to_thread(self._cgroups.finish, rec.pod_uid, rec.id)
+            except OSError as e:
+                log.error("container %s: cannot clean up its cgroups: %s", rec.id, e)
         pidfd = rec.pidfd
         if pidfd is None:  # close() came first: the next start() sees the exit
             return
         kill_group(rec.pid, signal.SIGKILL)
-        code = reap(pidfd)
+        if self._launcher.owns(rec.pid):
+            code = await asyncio.to_thread(reap_container, rec.pid, pidfd, self._launcher)
+            if rec.pidfd != pidfd:  # close() came meanwhile
+                return
+        else:
+            code = reap(pidfd)
         self._unwatch(rec)
         self._record_code(rec, code, oom)
 
@@ -797,7 +821,10 @@ class ProcessRuntime:
         return self._pod_dir(rec.pod_uid) / f"{rec.id}.json"
 
     def _log_path(self, uid: str, name: str, attempt: int) -> Path:
-        return self._pod_dir(uid) / "logs" / name / f"{attempt}.log"
+        return Path(self._log_file(uid, name, attempt))
+
+    def _log_file(self, uid: str, name: str, attempt: int) -> str:
+        return os.path.join(self._dir, uid, "logs", name, f"{attempt}.log")
 
 
 def _prepare_start(marker: Path, log_dir: Path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import marshal
 import os
 import signal
@@ -41,8 +42,11 @@ from typing import Any
 from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFailure, StartError
 from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.hostexec import run_command
-from pykubelet.runtime.process.processes import kill_group, proc_start_time, reap
+from pykubelet.runtime.process.launchserver import LaunchServer, ServerUnavailable
+from pykubelet.runtime.process.processes import exit_code, kill_group, proc_start_time, reap
 from pykubelet.runtime.process.security import kept_capabilities
+
+log = logging.getLogger(__name__)
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER = Path(__file__).with_name("launcher.py")
@@ -88,17 +92,7 @@ def spawn(
     if not os.path.isdir(cwd):  # Popen would say so too, but naming the file, not the problem
         raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
     stdio = stdio or Stdio()
-    try:
-        statefile.ensure_dir(log_path.parent)
-        # The child writes to the file itself: its output does not go through the agent, and
-        # nothing is lost while the agent restarts.
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        # No space or inodes left under --root-dir, a read-only file system: the container
-        # cannot be created (its waiting reason), not a failure of the runtime.
-        raise StartError(
-            "CreateContainerError", f"cannot create the log file: {os_reason(e)}"
-        ) from e
+    log_fd = _open_log(log_path)
     out = log_fd if stdio.terminal is None else stdio.terminal
     stdin: int = subprocess.DEVNULL
     if stdio.terminal is not None:
@@ -127,15 +121,43 @@ def spawn(
     # Popen look finished, so its __del__ does not queue the pid for subprocess._cleanup(), which
     # would reap the child behind our back and lose its exit status.
     proc.returncode = 0
-    pid = proc.pid
+    return _watched(proc.pid)
+
+
+def _open_log(log_path: Path) -> int:
+    """The container's log file, for its process to append to (close-on-exec here)."""
+    try:
+        statefile.ensure_dir(log_path.parent)
+        # The child writes to the file itself: its output does not go through the agent, and
+        # nothing is lost while the agent restarts.
+        return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        # No space or inodes left under --root-dir, a read-only file system: the container
+        # cannot be created (its waiting reason), not a failure of the runtime.
+        raise StartError(
+            "CreateContainerError", f"cannot create the log file: {os_reason(e)}"
+        ) from e
+
+
+def _watched(pid: int) -> tuple[int, int, int]:
+    """(pid, pidfd, /proc start time) of a process just started, not reaped yet (so /proc/<pid>
+    exists even if it has already exited); killed if either cannot be had."""
     pidfd = _open_pidfd(pid)
-    # Not reaped yet, so /proc/<pid> exists even if the process has already exited.
     start_time = proc_start_time(pid)
     if start_time is None:
         kill_group(pid, signal.SIGKILL)
         os.close(pidfd)
         raise RuntimeFailure(f"cannot read /proc/{pid}/stat; is /proc mounted?")
     return pid, pidfd, start_time
+
+
+def reap_container(pid: int, pidfd: int, server: LaunchServer | None) -> int | None:
+    """The Kubernetes exit code of the exited process `pid` (behind `pidfd`), if it can be
+    known: the agent's own child is waited for here, the launch server's by the server. Blocks
+    for a round trip to the server: call it from a thread."""
+    if server is not None and server.owns(pid):
+        return exit_code(server.reap(pid))
+    return reap(pidfd)
 
 
 def os_reason(e: OSError, where: Path | str | None = None) -> str:
@@ -252,7 +274,7 @@ def _memfd(name: str, data: dict[str, Any]) -> int:
 
 
 def _start_launcher(
-    launch: dict[str, Any], log_path: Path, stdio: Stdio | None
+    launch: dict[str, Any], log_path: Path, stdio: Stdio | None, server: LaunchServer | None
 ) -> tuple[int, int, int, int]:
     """fork+exec the launcher: (pid, pidfd, /proc start time, read end of its error pipe).
 
@@ -264,12 +286,17 @@ def _start_launcher(
         raise RuntimeFailure(f"cannot pass the launcher its instructions: {e}") from e
     err_r, err_w = os.pipe()
     try:
-        argv = [sys.executable, "-I", "-S", str(LAUNCHER), str(config_fd), str(err_w)]
-        # "/" as the launcher's cwd: it enters the container's own after the mounts, and reports
-        # a missing one as the container's error.
-        pid, pidfd, start_time = spawn(
-            argv, "/", dict(LAUNCHER_ENV), log_path, pass_fds=(config_fd, err_w), stdio=stdio
-        )
+        try:
+            if server is None:
+                raise ServerUnavailable("no launch server")
+            pid, pidfd, start_time = _start_served(server, config_fd, err_w, log_path, stdio)
+        except ServerUnavailable:
+            argv = [sys.executable, "-I", "-S", str(LAUNCHER), str(config_fd), str(err_w)]
+            # "/" as the launcher's cwd: it enters the container's own after the mounts, and
+            # reports a missing one as the container's error.
+            pid, pidfd, start_time = spawn(
+                argv, "/", dict(LAUNCHER_ENV), log_path, pass_fds=(config_fd, err_w), stdio=stdio
+            )
     except BaseException:
         os.close(err_r)
         raise
@@ -279,6 +306,29 @@ def _start_launcher(
     return pid, pidfd, start_time, err_r
 
 
+def _start_served(
+    server: LaunchServer, config_fd: int, err_w: int, log_path: Path, stdio: Stdio | None
+) -> tuple[int, int, int]:
+    """A launcher forked by the launch server, with the stdio `spawn` would give it."""
+    stdio = stdio or Stdio()
+    log_fd = _open_log(log_path)
+    null_fd = None
+    try:
+        out = log_fd if stdio.terminal is None else stdio.terminal
+        if stdio.terminal is not None:
+            stdin = stdio.terminal
+        elif stdio.stdin is not None:
+            stdin = stdio.stdin
+        else:
+            stdin = null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        pid = server.launch(config_fd, stdin, out, err_w)
+    finally:
+        os.close(log_fd)
+        if null_fd is not None:
+            os.close(null_fd)
+    return _watched(pid)
+
+
 async def _finish(awaitable: asyncio.Future[Any]) -> None:
     """Wait for `awaitable` through any number of cancellations (the caller re-raises after)."""
     while not awaitable.done():
@@ -286,7 +336,9 @@ async def _finish(awaitable: asyncio.Future[Any]) -> None:
             await asyncio.shield(awaitable)
 
 
-async def _kill_unrecorded(started: asyncio.Future[tuple[int, int, int, int]]) -> None:
+async def _kill_unrecorded(
+    started: asyncio.Future[tuple[int, int, int, int]], server: LaunchServer | None
+) -> None:
     """The start was cancelled while its thread forked: once the thread is done, what it
     started is killed and reaped, before the caller's cleanup (its starting marker, the child's
     fds, the pod's lock) can run."""
@@ -295,21 +347,24 @@ async def _kill_unrecorded(started: asyncio.Future[tuple[int, int, int, int]]) -
         return
     pid, pidfd, _, err_r = started.result()
     os.close(err_r)
-    await _kill_and_reap(pid, pidfd)
+    await _kill_and_reap(pid, pidfd, server)
 
 
-async def _kill_and_reap(pid: int, pidfd: int) -> None:
+async def _kill_and_reap(pid: int, pidfd: int, server: LaunchServer | None = None) -> None:
     """A launcher that must not go on (cancelled, stuck): killed, reaped, its pidfd closed."""
     kill_group(pid, signal.SIGKILL)
     try:
         await _finish(asyncio.ensure_future(_readable(pidfd)))
-        reap(pidfd)
+        await _finish(asyncio.ensure_future(asyncio.to_thread(reap_container, pid, pidfd, server)))
     finally:
         os.close(pidfd)
 
 
 async def spawn_launched(
-    launch: dict[str, Any], log_path: Path, stdio: Stdio | None = None
+    launch: dict[str, Any],
+    log_path: Path,
+    stdio: Stdio | None = None,
+    server: LaunchServer | None = None,
 ) -> tuple[int, int, int]:
     """As `spawn`, through the launcher following `launch`: returns once it exec'd.
 
@@ -321,18 +376,18 @@ async def spawn_launched(
     # A future of the pool, not a task: the loop's shutdown cancels tasks, and a thread that
     # forks anyway must still be waited for.
     loop = asyncio.get_running_loop()
-    started = loop.run_in_executor(None, _start_launcher, launch, log_path, stdio)
+    started = loop.run_in_executor(None, _start_launcher, launch, log_path, stdio, server)
     try:
         pid, pidfd, start_time, err_r = await asyncio.shield(started)
     except asyncio.CancelledError:
-        await _kill_unrecorded(started)
+        await _kill_unrecorded(started, server)
         raise
     try:
         async with asyncio.timeout(LAUNCH_TIMEOUT):
             report = await _read_until_eof(err_r)
     except BaseException as e:
         # Cancelled, or stuck (a mount on a dead NFS server): never leave it running unrecorded.
-        await _kill_and_reap(pid, pidfd)
+        await _kill_and_reap(pid, pidfd, server)
         if isinstance(e, TimeoutError):
             raise StartError(
                 "RunContainerError",
@@ -345,9 +400,11 @@ async def spawn_launched(
     if not report:
         # exec'd (or killed before it could report: its exit is then the container's).
         return pid, pidfd, start_time
-    await _readable(pidfd)  # it exits right after writing the report
-    reap(pidfd)
-    os.close(pidfd)
+    try:
+        await _readable(pidfd)  # it exits right after writing the report
+        await asyncio.to_thread(reap_container, pid, pidfd, server)
+    finally:
+        os.close(pidfd)
     raise _launch_error(report, launch)
 
 

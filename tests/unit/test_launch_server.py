@@ -1,0 +1,93 @@
+"""The launch server: the containers that need a launcher are forked by one long-lived process,
+their exit codes still known; a server that dies is started again, and what it had started
+runs on (its exit code unknown, as after a restart of the agent)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pykubelet.runtime.base import ContainerRunState
+from pykubelet.runtime.process.runtime import UNKNOWN_REASON, ProcessRuntime
+from tests.unit.test_process_launcher import LAUNCHED, with_
+from tests.unit.test_process_runtime import (
+    current,
+    kill_quietly,
+    new_pod,
+    sh,
+    wait_exited,
+    wait_until,
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's features need root")
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    yield runtime
+    for pod in await runtime.list_pods():
+        await runtime.remove_pod(pod.uid)
+    await runtime.close()
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def servers() -> list[int]:
+    """This process's launch servers."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if b"--server" in argv and parent_of(int(entry)) == os.getpid():
+                found.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+async def test_launched_containers_are_forked_by_one_server_and_their_exits_known(
+    rt: ProcessRuntime,
+) -> None:
+    pod, sb = await new_pod(rt)
+    first = await rt.start_container(pod, sb, with_(sh("exit 3", name="a"), **LAUNCHED))
+    second = await rt.start_container(pod, sb, with_(sh("sleep 300", name="b"), **LAUNCHED))
+    [server] = servers()
+    assert second.pid is not None and parent_of(second.pid) == server
+    got = await wait_exited(rt, first)
+    assert (got.exit_code, got.reason) == (3, "Error")
+    kill_quietly(second.pid)
+    got = await wait_exited(rt, second)
+    assert (got.exit_code, got.reason) == (128 + signal.SIGKILL, "Error")
+    assert servers() == [server]
+
+
+async def test_a_server_that_died_is_started_again(rt: ProcessRuntime) -> None:
+    pod, sb = await new_pod(rt)
+    before = await rt.start_container(pod, sb, with_(sh("sleep 300", name="a"), **LAUNCHED))
+    [server] = servers()
+    os.kill(server, signal.SIGKILL)
+    await wait_until(lambda: state_of(server) == "Z", "the server to be killed")
+    after = await rt.start_container(pod, sb, with_(sh("exit 4", name="b"), **LAUNCHED))
+    got = await wait_exited(rt, after)
+    assert (got.exit_code, got.reason) == (4, "Error")
+    assert servers() not in ([], [server])
+    # Its first server's child ran on; its status went with that server.
+    assert before.pid is not None
+    assert (await current(rt, before)).state is ContainerRunState.RUNNING
+    kill_quietly(before.pid)
+    got = await wait_exited(rt, before)
+    assert got.reason == UNKNOWN_REASON
