@@ -12,6 +12,8 @@ What this module promises:
   them; the instructions travel in a close-on-exec memfd, never in argv or on disk;
   `spawn_launched` returns once the launcher has exec'd the command, or raises its failure as
   the kubelet words it (RunContainerError, CreateContainerConfigError), the launcher killed;
+  given a `LaunchServer`, the launcher is forked by it (no Python start), else started afresh,
+  and `reap_container` gets the exit code of either;
 - `exec_context` and `exec_launched` run an exec probe's or hook's command with the container's
   mounts, user and cgroups, read from its live process; `spawn_attached` starts such a command
   (an `ExecPlan`) with the stdio it is given (`kubectl exec`), returning once it was exec'd, and
