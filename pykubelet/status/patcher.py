@@ -1,10 +1,12 @@
 """Pod status to the API server: a PATCH of `pods/{name}/status` when the computed status changes
 (the kubelet's status manager).
 
-- Each changed status marks its pod; a sync round starts 100 ms after the first mark, so the
-  statuses one sync loop pass changes go out together, and only the latest status of a pod is
-  sent (coalesced). At most 4 patches are in flight; every request takes a token of the API
-  client's rate limiter.
+- Each changed status marks its pod; it is sent 100 ms after that first mark, so only the
+  latest status of a pod is sent (coalesced: a pod created and started within that time sends
+  one patch). Senders take the pods in the order they were marked, at most 16 patches in
+  flight and never two of one pod (they could land out of order); a sender takes the next pod
+  as soon as its patch is answered, so a status waits for the patches marked before it, never
+  for a whole round of them. Every request takes a token of the API client's rate limiter.
 - The patch is a strategic merge patch against the status the API server has (the answer to our
   last patch, else the object the watch delivered): only what changed, with `null` for what went
   away, so a container that went from running to terminated does not keep both states. Lists
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,7 +40,7 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 BATCH_DELAY = 0.1
-CONCURRENCY = 4
+CONCURRENCY = 16
 CONFLICT_RETRIES = 3
 # The status fields the kubelet owns; others (nominatedNodeName, a controller's) are left alone.
 OWNED_FIELDS = (
@@ -161,9 +164,12 @@ class StatusSync:
     ) -> None:
         self._resolve = resolve
         self.batch_delay = batch_delay
+        self._concurrency = concurrency
         self._latest: dict[str, Obj] = {}  # uid -> the status to have in the API server
         self._sent: dict[str, tuple[str, Obj]] = {}  # uid -> (API uid, the API's status after)
-        self._dirty: set[str] = set()
+        # uid -> when it may be sent (marked + batch_delay, or after a failure's back-off), in
+        # the order the pods were marked.
+        self._dirty: dict[str, float] = {}
         self._inflight: set[str] = set()
         self._wake = asyncio.Event()
         self._semaphore = asyncio.Semaphore(concurrency)
@@ -181,9 +187,11 @@ class StatusSync:
         self._latest[uid] = status
         self.mark(uid)
 
-    def mark(self, uid: str) -> None:
-        if uid in self._latest:
-            self._dirty.add(uid)
+    def mark(self, uid: str, after: float | None = None) -> None:
+        """Send the pod's latest status (no sooner than `after` seconds from now)."""
+        if uid in self._latest and uid not in self._dirty:
+            delay = self.batch_delay if after is None else after
+            self._dirty[uid] = time.monotonic() + delay
             self._wake.set()
 
     def resend(self, uid: str) -> None:
@@ -194,7 +202,7 @@ class StatusSync:
     def forget(self, uid: str) -> None:
         self._latest.pop(uid, None)
         self._sent.pop(uid, None)
-        self._dirty.discard(uid)
+        self._dirty.pop(uid, None)
 
     def retarget(self) -> None:
         """The API's view changed: send again what now goes to another object (a mirror pod
@@ -216,24 +224,46 @@ class StatusSync:
     # --- sending ---
 
     async def run(self, api: KubeApi) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            await asyncio.sleep(self.batch_delay)
-            failed = await self.sync_round(api)
-            if failed:
-                await asyncio.sleep(self._retry.delay())
-                self._wake.set()
-            else:
-                self._retry.reset()
+        senders = [
+            asyncio.create_task(self._sender(api), name="status-sender")
+            for _ in range(self._concurrency)
+        ]
+        try:
+            await asyncio.gather(*senders)
+        finally:
+            for sender in senders:
+                sender.cancel()
+            await asyncio.gather(*senders, return_exceptions=True)
 
-    async def sync_round(self, api: KubeApi) -> bool:
-        """Send every marked status once; True if some must be retried."""
-        uids, self._dirty = list(self._dirty), set()
-        results = await asyncio.gather(*(self._sync_guarded(api, uid) for uid in uids))
-        retry = [uid for uid, ok in zip(uids, results, strict=True) if not ok]
-        self._dirty.update(u for u in retry if u in self._latest)
-        return bool(retry)
+    async def _sender(self, api: KubeApi) -> None:
+        while True:
+            uid, wait = self._take()
+            if uid is None:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._wake.wait()
+                continue
+            if await self._sync_guarded(api, uid):
+                self._retry.reset()
+            else:
+                self.mark(uid, after=self._retry.delay())
+            if uid in self._dirty:
+                self._wake.set()  # marked again while it was sent: it can go now
+
+    def _take(self) -> tuple[str | None, float | None]:
+        """The pod marked first that may be sent now and is not being sent, or (None, how long
+        until one may be: None for no pod marked)."""
+        now = time.monotonic()
+        soonest: float | None = None
+        for uid, due in self._dirty.items():
+            if uid in self._inflight:
+                continue
+            if due <= now:
+                del self._dirty[uid]
+                return uid, None
+            soonest = due if soonest is None else min(soonest, due)
+        return None, None if soonest is None else soonest - now
 
     async def _sync_guarded(self, api: KubeApi, uid: str) -> bool:
         async with self._semaphore:
@@ -306,13 +336,15 @@ class StatusSync:
                     # Never two patches of one pod at once: they could land out of order.
                     async with self._idle:
                         await self._idle.wait_for(lambda: not wanted & self._inflight)
-                    todo = list(wanted & self._dirty)
+                    todo = [uid for uid in self._dirty if uid in wanted]
                     if not todo:
                         return True
-                    self._dirty.difference_update(todo)
+                    for uid in todo:
+                        del self._dirty[uid]
                     results = await asyncio.gather(*(self._sync_guarded(api, u) for u in todo))
                     failed = [u for u, ok in zip(todo, results, strict=True) if not ok]
-                    self._dirty.update(failed)
+                    for uid in failed:
+                        self.mark(uid, after=0.0)
                     if failed:
                         await asyncio.sleep(0.2)
         return False

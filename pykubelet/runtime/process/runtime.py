@@ -724,7 +724,7 @@ class ProcessRuntime:
             return
         kill_group(rec.pid, signal.SIGKILL)
         if self._launcher.owns(rec.pid):
-            code = await asyncio.to_thread(reap_container, rec.pid, pidfd, self._launcher)
+            code = await self._launcher.call(reap_container, rec.pid, pidfd, self._launcher)
             if rec.pidfd != pidfd:  # close() came meanwhile
                 return
         else:

@@ -153,6 +153,12 @@ def _watched(pid: int) -> tuple[int, int, int]:
     return pid, pidfd, start_time
 
 
+async def _reaped(pid: int, pidfd: int, server: LaunchServer | None) -> int | None:
+    if server is not None and server.owns(pid):
+        return await server.call(reap_container, pid, pidfd, server)
+    return reap(pidfd)
+
+
 def reap_container(pid: int, pidfd: int, server: LaunchServer | None) -> int | None:
     """The Kubernetes exit code of the exited process `pid` (behind `pidfd`), if it can be
     known: the agent's own child is waited for here, the launch server's by the server. Blocks
@@ -357,7 +363,7 @@ async def _kill_and_reap(pid: int, pidfd: int, server: LaunchServer | None = Non
     kill_group(pid, signal.SIGKILL)
     try:
         await _finish(asyncio.ensure_future(_readable(pidfd)))
-        await _finish(asyncio.ensure_future(asyncio.to_thread(reap_container, pid, pidfd, server)))
+        await _finish(asyncio.ensure_future(_reaped(pid, pidfd, server)))
     finally:
         os.close(pidfd)
 
@@ -377,8 +383,12 @@ async def spawn_launched(
     unrecorded, nor with fds its caller has closed and reused."""
     # A future of the pool, not a task: the loop's shutdown cancels tasks, and a thread that
     # forks anyway must still be waited for.
-    loop = asyncio.get_running_loop()
-    started = loop.run_in_executor(None, _start_launcher, launch, log_path, stdio, server)
+    if server is None:
+        started = asyncio.get_running_loop().run_in_executor(
+            None, _start_launcher, launch, log_path, stdio, None
+        )
+    else:
+        started = server.call(_start_launcher, launch, log_path, stdio, server)
     try:
         pid, pidfd, start_time, err_r = await asyncio.shield(started)
     except asyncio.CancelledError:
@@ -404,7 +414,7 @@ async def spawn_launched(
         return pid, pidfd, start_time
     try:
         await _readable(pidfd)  # it exits right after writing the report
-        await asyncio.to_thread(reap_container, pid, pidfd, server)
+        await _reaped(pid, pidfd, server)
     finally:
         os.close(pidfd)
     raise _launch_error(report, launch)
