@@ -15,11 +15,9 @@ import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pykubelet import __version__
-from pykubelet.client.kubeapi import ApiError, KubeApi
-from pykubelet.cluster.connection import ApiConnection
 from pykubelet.common import metrics, nodeip
 from pykubelet.common.allocatable import (
     ENFORCE_KUBE_RESERVED,
@@ -52,6 +50,12 @@ from pykubelet.server.stats import add_stats_routes
 from pykubelet.server.tls import ServingConfig, TlsError, server_context
 from pykubelet.stats.collector import StatsCollector
 from pykubelet.status.manager import StatusManager
+
+if TYPE_CHECKING:
+    # Cluster mode's alone: imported where it starts, so that a node on its own does not hold
+    # the API client's code (2 MiB of its idle memory).
+    from pykubelet.client.kubeapi import KubeApi
+    from pykubelet.cluster.connection import ApiConnection
 
 log = logging.getLogger("pykubelet")
 
@@ -138,6 +142,8 @@ class ApiReviews:
         api = self._connection.api
         if api is None:
             raise ReviewError("not connected to the API server yet")
+        from pykubelet.client.kubeapi import ApiError
+
         try:
             return await api.create(path, body)
         except ApiError as exc:
@@ -255,6 +261,7 @@ async def run_agent(opts: Options) -> int:
     watch_objects: Callable[[], Coroutine[Any, Any, None]] | None = None
     services = None
     if opts.kubeconfig is not None:
+        from pykubelet.cluster.connection import ApiConnection
         from pykubelet.cluster.objects import ApiObjectLookup
         from pykubelet.cluster.services import ServiceWatch
         from pykubelet.cluster.watched_objects import WatchedObjects
@@ -400,6 +407,7 @@ async def _bootstrap(opts: Options, stop: asyncio.Event) -> bool:
     the kubelet; False (logged) when it cannot be had. A signal meanwhile ends the wait."""
     if opts.kubeconfig is None or opts.bootstrap_kubeconfig is None:
         return True
+    from pykubelet.client.kubeapi import KubeApi
     from pykubelet.cluster.bootstrap import BootstrapError, load_client_cert
 
     async def connect(path: Path) -> KubeApi:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from pykubelet import __version__
 from pykubelet.api.security import sysctl_pattern_error
-from pykubelet.cmd import config_file, ctl, logs, node_resources
+from pykubelet.cmd import config_file, logs, node_resources
 from pykubelet.common.node_registration import Taint, parse_label_pairs, parse_taints
 from pykubelet.common.options import (
     AUTHORIZATION_MODES,
@@ -805,8 +805,12 @@ def raise_open_file_limit() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] and args[0] in ctl.COMMANDS:
-        return ctl.main(args)
+    if args[:1] and not args[0].startswith("-"):
+        # A client verb (pykubelet get, exec, ...): their modules are not the agent's to hold.
+        from pykubelet.cmd import ctl
+
+        if args[0] in ctl.COMMANDS:
+            return ctl.main(args)
     opts = parse_options(args)
     logs.setup(opts.log_format, opts.verbosity)
     for note in opts.ignored_config_fields:
