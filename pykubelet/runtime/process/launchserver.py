@@ -88,6 +88,9 @@ class LaunchServer:
             except ServerUnavailable as e:
                 log.warning("cannot learn the exit status of process %d: %s", pid, e)
                 return None
+            if answer[0] != "reaped":
+                log.warning("cannot learn the exit status of process %d: %s", pid, answer[1])
+                return None
             return None if answer[1] is None else int(answer[1])
 
     def close(self) -> None:
@@ -108,7 +111,10 @@ class LaunchServer:
             argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--server"]
             self._proc = subprocess.Popen(
                 [*argv, str(theirs.fileno()), str(os.getpid())],
+                # 0 and 1 open, so that no fd it receives takes their place; its stderr is
+                # the agent's, for a traceback should it ever crash.
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 cwd="/",
                 env=self._env,
                 close_fds=True,

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import logging
 import marshal
 import os
 import signal
@@ -47,8 +46,6 @@ from pykubelet.runtime.process.hostexec import run_command
 from pykubelet.runtime.process.launchserver import LaunchServer, ServerUnavailable
 from pykubelet.runtime.process.processes import exit_code, kill_group, proc_start_time, reap
 from pykubelet.runtime.process.security import kept_capabilities
-
-log = logging.getLogger(__name__)
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER = Path(__file__).with_name("launcher.py")
@@ -376,7 +373,8 @@ async def spawn_launched(
 ) -> tuple[int, int, int]:
     """As `spawn`, through the launcher following `launch`: returns once it exec'd.
 
-    The fork+exec runs in a thread: the launcher is a Python start, whose exec kept the loop
+    The fork runs in a thread (the launch server's own, or the pool's for a launcher started
+    afresh): a launcher started afresh is a Python start, whose exec kept the loop
     4 ms a container when the machine was idle and 12-19 ms in a burst (measured: 300 API pods
     held every API request and status for 5 s). A caller cancelled meanwhile waits for the
     thread (one fork+exec) and kills what it started before it goes on: never left running
