@@ -244,7 +244,11 @@ class StatusSync:
                     async with asyncio.timeout(wait):
                         await self._wake.wait()
                 continue
-            if await self._sync_guarded(api, uid):
+            try:
+                sent = await self._sync_guarded(api, uid)
+            finally:
+                self._inflight.discard(uid)  # also when cancelled before it began
+            if sent:
                 self._retry.reset()
             else:
                 self.mark(uid, after=self._retry.delay())
@@ -261,6 +265,8 @@ class StatusSync:
                 continue
             if due <= now:
                 del self._dirty[uid]
+                # In flight from here, before any await: marked again meanwhile, it waits.
+                self._inflight.add(uid)
                 return uid, None
             soonest = due if soonest is None else min(soonest, due)
         return None, None if soonest is None else soonest - now
