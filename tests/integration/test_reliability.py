@@ -8,6 +8,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,8 +29,8 @@ def marker(index: int, version: int) -> str:
     return f"9999.{RUN}{index:03d}{version:03d}"
 
 
-def write(manifests: Path, index: int, version: int) -> None:
-    doc = {
+def write(manifests: Path, index: int, version: int, launched: bool = False) -> None:
+    doc: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": f"churn-{index}"},
@@ -40,6 +41,10 @@ def write(manifests: Path, index: int, version: int) -> None:
             ],
         },
     }
+    if launched:
+        # Another group: the container starts through the launcher, forked by the launch
+        # server, which dies with each SIGKILLed agent while its children run on.
+        doc["spec"]["securityContext"] = {"supplementalGroups": [4321]}
     tmp = manifests / f".churn-{index}.tmp"
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, manifests / f"churn-{index}.json")
@@ -58,18 +63,27 @@ def sleeps() -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize(
-    "crashes", [6, pytest.param(60, marks=pytest.mark.soak, id="soak")], ids=lambda n: f"{n}"
+    ("crashes", "launched"),
+    [
+        pytest.param(6, False, id="6"),
+        pytest.param(4, True, id="4-launched"),
+        pytest.param(60, False, marks=pytest.mark.soak, id="soak"),
+        pytest.param(60, True, marks=pytest.mark.soak, id="soak-launched"),
+    ],
 )
-def test_sigkill_during_churn_converges(start_agent, manifests: Path, crashes: int) -> None:  # type: ignore[no-untyped-def]
+def test_sigkill_during_churn_converges(
+    start_agent, manifests: Path, crashes: int, launched: bool
+) -> None:  # type: ignore[no-untyped-def]
     seed = int(os.environ.get("CHURN_SEED", time.time()))
     rng = random.Random(seed)
     print(f"churn seed {seed} (CHURN_SEED={seed} repeats it)")
     desired: dict[int, int] = {}  # pod index -> version
     untouched = {0, 1}  # never edited nor deleted: they must survive every crash as they are
     for i in (0, 1):
-        write(manifests, i, 0)
+        write(manifests, i, 0, launched)
         desired[i] = 0
     agent: Agent = start_agent()
+    agents = [agent]
     first = wait_for("initial pods", lambda: len(_running(agent)) == 2 and _running(agent))
     first_ids = {name: container_state(pod)["containerID"] for name, pod in first.items()}
 
@@ -79,13 +93,14 @@ def test_sigkill_during_churn_converges(start_agent, manifests: Path, crashes: i
             op = rng.choice(["write", "write", "delete"])
             if op == "write":
                 desired[i] = desired.get(i, -1) + 1
-                write(manifests, i, desired[i])
+                write(manifests, i, desired[i], launched)
             elif i in desired:
                 (manifests / f"churn-{i}.json").unlink()
                 del desired[i]
         time.sleep(rng.uniform(0.0, 0.6))
         agent.stop(signal.SIGKILL)
         agent = start_agent()
+        agents.append(agent)
 
     expected = {marker(i, v) for i, v in desired.items()}
 
@@ -119,6 +134,29 @@ def test_sigkill_during_churn_converges(start_agent, manifests: Path, crashes: i
 
     agent.stop(signal.SIGTERM)
     assert sleeps() == {}, "no process may outlive a clean stop"
+    assert launch_servers({a.proc.pid for a in agents if a.proc is not None}) == [], (
+        "a launch server outlived its agent"
+    )
+
+
+def launch_servers(agent_pids: set[int]) -> list[int]:
+    """The launch servers (`launcher.py --server FD AGENT_PID`) of those agents still alive."""
+    wanted = {str(pid) for pid in agent_pids}
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        tail = [a.decode(errors="replace") for a in argv if a][-4:]
+        if (
+            len(tail) == 4
+            and tail[0].endswith("launcher.py")
+            and tail[1] == "--server"
+            and tail[3] in wanted
+        ):
+            found.append(int(entry))
+    return found
 
 
 def _running(agent: Agent) -> dict[str, dict]:  # type: ignore[type-arg]
