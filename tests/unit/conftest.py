@@ -1,5 +1,5 @@
-"""Fixtures shared by the unit tests that talk to the fixture API server through the agent's
-own client."""
+"""Fixtures shared by the unit tests: the fixture API server and the agent's own client of it;
+a process runtime (`rt`, which a module may define again with other settings)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pykubelet.client.kubeapi import KubeApi
+from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.fixtures.apiserver import ApiServer
 
 NODE = "n1"
@@ -29,3 +30,14 @@ async def api(server: ApiServer, tmp_path: Path) -> AsyncIterator[KubeApi]:
     client = await KubeApi.connect(server.write_kubeconfig(tmp_path / "kc"), NODE)
     yield client
     await client.close()
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
+    """A process runtime keeping its state under tmp_path; its pods removed and it closed after."""
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    yield runtime
+    for pod in await runtime.list_pods():
+        await runtime.remove_pod(pod.uid)
+    await runtime.close()

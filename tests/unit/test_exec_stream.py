@@ -11,7 +11,6 @@ import os
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -36,16 +35,6 @@ from tests.unit.test_process_runtime import (
 )
 
 FOREVER = "exec sleep 600"
-
-
-@pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
-    yield runtime
-    for pod in await runtime.list_pods():
-        await runtime.remove_pod(pod.uid)
-    await runtime.close()
 
 
 async def running(rt: ProcessRuntime, script: str = FOREVER, **changes: object) -> RuntimeContainer:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,6 @@ from tests.unit.test_process_runtime import (
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's features need root")
-
-
-@pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
-    yield runtime
-    for pod in await runtime.list_pods():
-        await runtime.remove_pod(pod.uid)
-    await runtime.close()
 
 
 def parent_of(pid: int) -> int:

@@ -8,7 +8,7 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,16 +24,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's featur
 
 MNT_DETACH = 2
 PRELOAD = "/nonexistent/pykubelet-preload.so"
-
-
-@pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
-    yield runtime
-    for pod in await runtime.list_pods():
-        await runtime.remove_pod(pod.uid)
-    await runtime.close()
 
 
 @contextlib.contextmanager

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -17,16 +15,6 @@ from pykubelet.runtime.base import STDOUT, RuntimeFailure
 from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.unit.test_exec_stream import collect, finished, read_until, running
 from tests.unit.test_process_runtime import wait_exited, wait_log
-
-
-@pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
-    yield runtime
-    for pod in await runtime.list_pods():
-        await runtime.remove_pod(pod.uid)
-    await runtime.close()
 
 
 async def test_stdin_is_kept_open_across_attaches(rt: ProcessRuntime) -> None:

@@ -8,7 +8,6 @@ import dataclasses
 import os
 import signal
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,6 @@ from tests.unit.test_process_runtime import (
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's features need root")
-
-
-@pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[ProcessRuntime]:
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
-    yield runtime
-    for pod in await runtime.list_pods():
-        await runtime.remove_pod(pod.uid)
-    await runtime.close()
 
 
 def with_(c: ContainerConfig, **changes: object) -> ContainerConfig:

@@ -10,12 +10,11 @@ import pytest
 
 from pykubelet.runtime.base import StartError
 from pykubelet.runtime.process.runtime import ProcessRuntime
-from tests.unit.test_launcher_security import log_of, rt
+from tests.unit.test_launcher_security import log_of
 from tests.unit.test_process_launcher import with_
 from tests.unit.test_process_runtime import make_pod, new_pod, sh, wait_exited
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's features need root")
-__all__ = ["rt"]  # the fixture, shared
 
 STATUS = "grep -E '^(CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status; id -G"
 NET_BIND_SERVICE = 1 << 10
