@@ -172,6 +172,9 @@ async def test_v1_container_and_node_from_their_cgroups(tmp_path: Path) -> None:
     assert pod.memory.working_set_bytes == 50 * MiB
 
     write(cg / "cpuacct" / "kubepods" / "c1" / "cpuacct.usage", "2500000000\n")
+    # A window of at least 50 ms: its times are whole microseconds, so a window of a few
+    # hundred (two samples back to back on a fast machine) was off by more than the 0.1 % below.
+    await asyncio.sleep(0.05)
     second = await collector.sample()
     (c2,) = second.pods[0].containers
     assert c2.cpu is not None and c2.cpu.usage_nano_cores is not None
