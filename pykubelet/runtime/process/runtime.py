@@ -90,7 +90,7 @@ from pykubelet.runtime.process.spawn import (
     exec_launched,
     launch_config,
     os_reason,
-    reap_exited,
+    reap_container,
     spawn,
     spawn_launched,
 )
@@ -723,9 +723,12 @@ class ProcessRuntime:
         if pidfd is None:  # close() came first: the next start() sees the exit
             return
         kill_group(rec.pid, signal.SIGKILL)
-        code = await reap_exited(rec.pid, pidfd, self._launcher)
-        if rec.pidfd != pidfd:  # close() came while the launch server was asked
-            return
+        if self._launcher.owns(rec.pid):
+            code = await self._launcher.call(reap_container, rec.pid, pidfd, self._launcher)
+            if rec.pidfd != pidfd:  # close() came meanwhile
+                return
+        else:
+            code = reap(pidfd)
         self._unwatch(rec)
         self._record_code(rec, code, oom)
 
