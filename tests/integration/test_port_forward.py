@@ -173,6 +173,14 @@ class PortForward:
     def output(self) -> str:
         return "".join(self.stdout) + "".join(self.stderr)
 
+    def wait(self, timeout: float) -> int:
+        """kubectl's exit code, once it exited and all it wrote was read (the readers are
+        threads: its last line may still be in the pipe when the process is gone)."""
+        code = self.proc.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=5)
+        return code
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -304,7 +312,7 @@ def test_a_port_nothing_listens_on_is_reported_by_kubectl(
     assert f"dial tcp4 127.0.0.1:{closed}: connect: connection refused" in forward.output()
     # kubectl 1.32 (client-go's PortForwarder) closes its whole session once an error stream
     # carries a message, and exits; the kubelet's session would have gone on (below).
-    assert forward.proc.wait(timeout=15) == 1
+    assert forward.wait(timeout=15) == 1
     assert "error: lost connection to pod" in forward.output()
 
 
