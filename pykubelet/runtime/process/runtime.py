@@ -90,7 +90,7 @@ from pykubelet.runtime.process.spawn import (
     exec_launched,
     launch_config,
     os_reason,
-    reap_container,
+    reap_exited,
     spawn,
     spawn_launched,
 )
@@ -723,12 +723,9 @@ class ProcessRuntime:
         if pidfd is None:  # close() came first: the next start() sees the exit
             return
         kill_group(rec.pid, signal.SIGKILL)
-        if self._launcher.owns(rec.pid):
-            code = await self._launcher.call(reap_container, rec.pid, pidfd, self._launcher)
-            if rec.pidfd != pidfd:  # close() came meanwhile
-                return
-        else:
-            code = reap(pidfd)
+        code = await reap_exited(rec.pid, pidfd, self._launcher)
+        if rec.pidfd != pidfd:  # close() came while the launch server was asked
+            return
         self._unwatch(rec)
         self._record_code(rec, code, oom)
 

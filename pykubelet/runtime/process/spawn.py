@@ -13,7 +13,7 @@ What this module promises:
   `spawn_launched` returns once the launcher has exec'd the command, or raises its failure as
   the kubelet words it (RunContainerError, CreateContainerConfigError), the launcher killed;
   given a `LaunchServer`, the launcher is forked by it (no Python start), else started afresh,
-  and `reap_container` gets the exit code of either;
+  and `reap_exited` gets the exit code of either;
 - `exec_context` and `exec_launched` run an exec probe's or hook's command with the container's
   mounts, user and cgroups, read from its live process; `spawn_attached` starts such a command
   (an `ExecPlan`) with the stdio it is given (`kubectl exec`), returning once it was exec'd, and
@@ -150,18 +150,12 @@ def _watched(pid: int) -> tuple[int, int, int]:
     return pid, pidfd, start_time
 
 
-async def _reaped(pid: int, pidfd: int, server: LaunchServer | None) -> int | None:
-    if server is not None and server.owns(pid):
-        return await server.call(reap_container, pid, pidfd, server)
-    return reap(pidfd)
-
-
-def reap_container(pid: int, pidfd: int, server: LaunchServer | None) -> int | None:
+async def reap_exited(pid: int, pidfd: int, server: LaunchServer | None) -> int | None:
     """The Kubernetes exit code of the exited process `pid` (behind `pidfd`), if it can be
-    known: the agent's own child is waited for here, the launch server's by the server. Blocks
-    for a round trip to the server: call it from a thread."""
+    known: the agent's own child is waited for here, the launch server's child by the server
+    (a round trip in the server's thread)."""
     if server is not None and server.owns(pid):
-        return exit_code(server.reap(pid))
+        return exit_code(await server.call(server.reap, pid))
     return reap(pidfd)
 
 
@@ -360,7 +354,7 @@ async def _kill_and_reap(pid: int, pidfd: int, server: LaunchServer | None = Non
     kill_group(pid, signal.SIGKILL)
     try:
         await _finish(asyncio.ensure_future(_readable(pidfd)))
-        await _finish(asyncio.ensure_future(_reaped(pid, pidfd, server)))
+        await _finish(asyncio.ensure_future(reap_exited(pid, pidfd, server)))
     finally:
         os.close(pidfd)
 
@@ -412,7 +406,7 @@ async def spawn_launched(
         return pid, pidfd, start_time
     try:
         await _readable(pidfd)  # it exits right after writing the report
-        await _reaped(pid, pidfd, server)
+        await reap_exited(pid, pidfd, server)
     finally:
         os.close(pidfd)
     raise _launch_error(report, launch)
