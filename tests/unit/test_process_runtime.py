@@ -167,8 +167,8 @@ def test_statefile_atomic_write_and_corrupt_read(tmp_path: Path) -> None:
     statefile.ensure_dir(d)
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
     path = d / "x.json"
-    statefile.write_json(path, {"k": 1})
-    statefile.write_json(path, {"k": 2})
+    for value in (1, 2):
+        assert statefile.write_json_many([(path, {"k": value}, None, False)]) == [None]
     assert statefile.read_json(path) == {"k": 2}
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(p.name for p in d.iterdir()) == ["x.json"]  # no temporary left behind

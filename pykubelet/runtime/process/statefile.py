@@ -46,24 +46,18 @@ def fsync_dir(path: Path) -> None:
 
 
 def is_temporary(name: str) -> bool:
-    """Whether a directory entry is a leftover of an interrupted `write_json`."""
+    """Whether a directory entry is a leftover of an interrupted `write_json_many`."""
     return name.startswith(".") and name.endswith(TMP_SUFFIX)
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Atomically replace `path` with `data` as JSON. The parent directory must exist."""
-    _replace(path, data)
-    fsync_dir(path.parent)
-
-
 def write_json_many(items: list[tuple[Path, Any, Path | None, bool]]) -> list[OSError | None]:
-    """`write_json` of each (path, data, then_remove, make_dir), with one fsync per directory for
-    all the renames into it; once a file is durable its `then_remove` (if any) is deleted; with
-    `make_dir` a missing directory is made first (`ensure_dir`). Returns each item's error or
-    None: one bad file does not fail the others (nor does a `then_remove` that cannot be
-    deleted).
+    """Each `path` atomically replaced by its `data` as JSON, for each (path, data, then_remove,
+    make_dir), with one fsync per directory for all the renames into it; once a file is durable
+    its `then_remove` (if any) is deleted; with `make_dir` a missing directory is made first
+    (`ensure_dir`). Returns each item's error or None: one bad file does not fail the others
+    (nor does a `then_remove` that cannot be deleted).
 
-    The guarantee is `write_json`'s: each file's content is fsynced before its rename, and the
+    The guarantee of the module: each file's content is fsynced before its rename, and the
     rename is durable (its directory fsynced) before this returns or its `then_remove` goes."""
     errors: list[OSError | None] = [None] * len(items)
     dirs: dict[Path, list[int]] = {}

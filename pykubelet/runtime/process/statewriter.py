@@ -3,7 +3,7 @@ together in the next, in one thread hop and with one directory fsync per directo
 
 A burst of 100 container starts otherwise queues 100 writes (each two fsyncs and a thread hop)
 on the default executor, ahead of every other blocking call of the agent. Each write keeps the
-guarantee of `statefile.write_json`: when `write` returns, the file is durable.
+guarantee of `statefile.write_json_many`: when `write` returns, the file is durable.
 """
 
 from __future__ import annotations
