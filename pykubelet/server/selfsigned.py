@@ -1,9 +1,10 @@
 """The kubelet's self-signed serving certificate, checked and made in a process of its own.
 
-`python -I -m pykubelet.server.selfsigned` reads {"cert_dir", "node_name", "dns", "ips"} as JSON
-on stdin and leaves `kubelet.crt` and `kubelet.key` (0600) under cert_dir: kept if the
-certificate is valid for more than a day and names every DNS name and IP address, made again
-otherwise (ECDSA P-256, a year, for the node). It exits 0, or 1 with the reason on stderr.
+`python -I -m pykubelet.server.selfsigned` reads {"cert_file", "key_file", "node_name", "dns",
+"ips"} as JSON on stdin and leaves the certificate and its key (0600) at those paths (their
+directory, --cert-dir, made 0700 if missing): kept if the certificate is valid for more than a
+day and names every DNS name and IP address, made again otherwise (ECDSA P-256, a year, for the
+node). It exits 0, or 1 with the reason on stderr.
 
 A helper process rather than a call: the cryptography library is 16 MiB of the agent's memory
 for as long as it runs, and a node that is not in a cluster needs it for this alone
@@ -26,8 +27,6 @@ from cryptography.x509.oid import NameOID
 
 SELF_SIGNED_DAYS = 365
 RENEW_BEFORE = datetime.timedelta(days=1)
-CERT_FILE = "kubelet.crt"
-KEY_FILE = "kubelet.key"
 
 
 class CertificateError(Exception):
@@ -48,10 +47,9 @@ def _self_signed_is_current(cert_path: Path, dns: list[str], ips: list[str]) -> 
     return set(dns) <= have_dns and {str(ipaddress.ip_address(i)) for i in ips} <= have_ips
 
 
-def ensure(cert_dir: Path, node_name: str, dns: list[str], ips: list[str]) -> None:
-    """The self-signed serving certificate and key under cert_dir, made if missing or stale."""
-    cert_path = cert_dir / CERT_FILE
-    key_path = cert_dir / KEY_FILE
+def ensure(cert_path: Path, key_path: Path, node_name: str, dns: list[str], ips: list[str]) -> None:
+    """The self-signed serving certificate and key at those paths, made if missing or stale."""
+    cert_dir = cert_path.parent
     if key_path.exists() and _self_signed_is_current(cert_path, dns, ips):
         return
     try:
@@ -107,7 +105,8 @@ def main() -> int:
     try:
         request = json.load(sys.stdin)
         ensure(
-            Path(request["cert_dir"]),
+            Path(request["cert_file"]),
+            Path(request["key_file"]),
             str(request["node_name"]),
             [str(n) for n in request["dns"]],
             [str(i) for i in request["ips"]],

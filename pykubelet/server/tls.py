@@ -57,9 +57,15 @@ def ensure_self_signed(config: ServingConfig) -> tuple[Path, Path]:
     """The self-signed serving certificate and key under cert_dir, made if missing or stale,
     by the helper process of server/selfsigned.py (the cryptography library stays out of the
     agent)."""
+    cert_path, key_path = config.cert_dir / "kubelet.crt", config.cert_dir / "kubelet.key"
     dns, ips = _names(config)
-    request = {"cert_dir": str(config.cert_dir), "node_name": config.node_name, "dns": dns}
-    request["ips"] = ips
+    request = {
+        "cert_file": str(cert_path),
+        "key_file": str(key_path),
+        "node_name": config.node_name,
+        "dns": dns,
+        "ips": ips,
+    }
     try:
         done = subprocess.run(
             [sys.executable, "-I", "-m", "pykubelet.server.selfsigned"],
@@ -75,7 +81,7 @@ def ensure_self_signed(config: ServingConfig) -> tuple[Path, Path]:
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip().splitlines()
         raise TlsError(why[-1] if why else f"--cert-dir {config.cert_dir}: the helper failed")
-    return config.cert_dir / "kubelet.crt", config.cert_dir / "kubelet.key"
+    return cert_path, key_path
 
 
 def server_context(config: ServingConfig) -> ssl.SSLContext:
