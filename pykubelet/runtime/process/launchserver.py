@@ -38,7 +38,9 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-LAUNCHER = Path(__file__).with_name("launcher.py")
+# How a launcher runs, the server or one of its own: this interpreter, isolated (-I), without
+# site-packages (-S): launcher.py imports the standard library alone.
+LAUNCHER_ARGV = (sys.executable, "-I", "-S", str(Path(__file__).with_name("launcher.py")))
 ANSWER_TIMEOUT = 30.0  # a fork, or a waitpid without waiting: seconds only if the machine stalls
 
 
@@ -108,9 +110,8 @@ class LaunchServer:
         self._stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--server"]
             self._proc = subprocess.Popen(
-                [*argv, str(theirs.fileno()), str(os.getpid())],
+                [*LAUNCHER_ARGV, "--server", str(theirs.fileno()), str(os.getpid())],
                 # 0 and 1 open, so that no fd it receives takes their place; its stderr is
                 # the agent's, for a traceback should it ever crash.
                 stdin=subprocess.DEVNULL,

@@ -34,7 +34,6 @@ import marshal
 import os
 import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -43,12 +42,15 @@ from typing import Any
 from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFailure, StartError
 from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.hostexec import run_command
-from pykubelet.runtime.process.launchserver import LaunchServer, ServerUnavailable
+from pykubelet.runtime.process.launchserver import (
+    LAUNCHER_ARGV,
+    LaunchServer,
+    ServerUnavailable,
+)
 from pykubelet.runtime.process.processes import exit_code, kill_group, proc_start_time, reap
 from pykubelet.runtime.process.security import kept_capabilities
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-LAUNCHER = Path(__file__).with_name("launcher.py")
 # The launcher's own environment. It runs as root: a pod's LD_PRELOAD, LD_LIBRARY_PATH or
 # GCONV_PATH would load the pod's code into it before it drops to the pod's user. The container's
 # variables travel in its instructions, for the command it execs.
@@ -290,7 +292,7 @@ def _start_launcher(
                 raise ServerUnavailable("no launch server")
             pid, pidfd, start_time = _start_served(server, config_fd, err_w, log_path, stdio)
         except ServerUnavailable:
-            argv = [sys.executable, "-I", "-S", str(LAUNCHER), str(config_fd), str(err_w)]
+            argv = [*LAUNCHER_ARGV, str(config_fd), str(err_w)]
             # "/" as the launcher's cwd: it enters the container's own after the mounts, and
             # reports a missing one as the container's error.
             pid, pidfd, start_time = spawn(
@@ -493,7 +495,7 @@ async def exec_launched(enter: dict[str, Any], timeout_seconds: float) -> ExecRe
         raise RuntimeFailure(f"cannot run {program!r}: {e}") from e
     # The instructions in a memfd, not in argv: any user of the host may read an argv in
     # /proc, and the environment in them may hold secrets.
-    argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", str(config_fd)]
+    argv = [*LAUNCHER_ARGV, "--exec", str(config_fd)]
     try:
         return await run_command(argv, "/", LAUNCHER_ENV, timeout_seconds, pass_fds=(config_fd,))
     except (OSError, ValueError) as e:
@@ -548,7 +550,7 @@ async def spawn_attached(
     except OSError as e:
         raise RuntimeFailure(f"cannot run {program!r}: {e}") from e
     err_r, err_w = os.pipe()
-    argv = [sys.executable, "-I", "-S", str(LAUNCHER), "--exec", str(config_fd), str(err_w)]
+    argv = [*LAUNCHER_ARGV, "--exec", str(config_fd), str(err_w)]
     try:
         proc = subprocess.Popen(  # noqa: ASYNC220 - fork+exec only, as spawn()
             argv,
