@@ -140,6 +140,10 @@ class ProcessRuntime:
         self._made_pods_mount = False  # podsmount.py: bound onto itself by this runtime
         self._node_ip = node_ip
         self._pods: dict[str, PodRecord] = {}
+        # list_pods' answer while no record changed: the relists (PLEG each second, housekeeping,
+        # stats) ask for every pod, and an idle node's pods never change. Every change to what a
+        # view shows (a pod, its sandbox, a container added, exited or removed) calls _changed.
+        self._listing: list[RuntimePod] | None = None
         self._pod_locks: dict[str, asyncio.Lock] = {}
         self._listeners: list[ChangeListener] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -185,6 +189,7 @@ class ProcessRuntime:
         except OSError as e:  # only slower starts: each launcher detaches volumes one by one
             log.warning("cannot make %s a mount of its own: %s", self._volumes_dir, e)
         self._loop = asyncio.get_running_loop()
+        self._changed()
         for item in loaded:
             self._pods[item.pod.uid] = item.pod
             for rec in item.pod.containers.values():
@@ -225,6 +230,7 @@ class ProcessRuntime:
         # Its children run on: reaped by init once it is gone, as after an agent's SIGKILL.
         await asyncio.to_thread(self._launcher.close)
         self._pods.clear()
+        self._changed()
         self._pod_locks.clear()
         self._loop = None
         if self._made_pods_mount:
@@ -240,7 +246,11 @@ class ProcessRuntime:
     # --- queries --------------------------------------------------------------------------------
 
     async def list_pods(self) -> list[RuntimePod]:
-        return [self._view(pod) for _, pod in sorted(self._pods.items())]
+        listing = self._listing
+        if listing is None:
+            listing = [self._view(pod) for _, pod in sorted(self._pods.items())]
+            self._listing = listing
+        return list(listing)
 
     async def get_pod(self, uid: str) -> RuntimePod | None:
         pod = self._pods.get(uid)
@@ -253,7 +263,7 @@ class ProcessRuntime:
         # are nobody's in particular, so no rootfs is reported); its logs are the container's
         # directory of them (every attempt, rotated files too).
         return {
-            c.id: ContainerStorage(log_paths=(str(self.log_path(c).parent),))
+            c.id: ContainerStorage(log_paths=(self._log_dir(c.pod_uid, c.name),))
             for c in containers
             if c.pod_uid in self._pods
         }
@@ -404,6 +414,7 @@ class ProcessRuntime:
                 )
             state.name, state.namespace = pod.metadata.name, pod.metadata.namespace
             state.sandbox = sandbox
+            self._changed()
             return sandbox.view(self._node_ip)
 
     async def remove_pod(self, uid: str) -> None:
@@ -434,6 +445,7 @@ class ProcessRuntime:
             except OSError as e:
                 raise RuntimeFailure(f"cannot delete the files of pod {uid}: {e}") from e
             self._pods.pop(uid, None)
+            self._changed()
         self._pod_locks.pop(uid, None)
 
     # --- containers -----------------------------------------------------------------------------
@@ -563,6 +575,7 @@ class ProcessRuntime:
             termination_policy=config.termination_message_policy,
         )
         state.containers[rec.id] = rec
+        self._changed()
         if stdio is not None:
             self._stdio[rec.id] = stdio
             stdio.start()
@@ -647,6 +660,7 @@ class ProcessRuntime:
         pod = self._pods.get(rec.pod_uid)
         if pod is not None:
             pod.containers.pop(rec.id, None)
+            self._changed()
 
     async def rotate_logs(self, policy: LogRotationPolicy) -> None:
         """The running containers' logs, rotated in place (process/logrotate.py)."""
@@ -746,6 +760,7 @@ class ProcessRuntime:
         rec.finished_at = _now()
         rec.exit_code, rec.reason, rec.message = code, reason, message
         rec.reading_message = True  # shown exited once _after_exit has read its message
+        self._changed()
         log.info(
             "container %s of pod %s/%s exited: %d (%s)",
             rec.name,
@@ -764,6 +779,7 @@ class ProcessRuntime:
             rec.message = await exit_message(rec, lambda n: self.read_log(rec.view(), tail_lines=n))
         finally:
             rec.reading_message = False
+            self._changed()
         try:
             await self._persist(rec)
         except OSError as e:
@@ -794,6 +810,11 @@ class ProcessRuntime:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _changed(self) -> None:
+        """A record changed what its view shows: list_pods makes the listing again (each pod's
+        view is still kept by its record while that record is unchanged)."""
+        self._listing = None
+
     def _notify(self, uid: str) -> None:
         for listener in list(self._listeners):
             try:
@@ -821,7 +842,12 @@ class ProcessRuntime:
         return Path(self._log_file(uid, name, attempt))
 
     def _log_file(self, uid: str, name: str, attempt: int) -> str:
-        return os.path.join(self._dir, uid, "logs", name, f"{attempt}.log")
+        return os.path.join(self._log_dir(uid, name), f"{attempt}.log")
+
+    def _log_dir(self, uid: str, name: str) -> str:
+        # Strings, not Paths: the stats sample asks for every container's (1,000 Path
+        # conversions were a tenth of an idle node's CPU).
+        return os.path.join(self._dir, uid, "logs", name)
 
 
 def _prepare_start(marker: Path, log_dir: Path) -> None:
