@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ from typing import Protocol
 
 from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod
 from pykubelet.stats.cgroupfs import CgroupFs, Reading
+from pykubelet.stats.history import UsageHistories
 from pykubelet.stats.storage import StorageReading, StorageSampler, StorageSource, usage_on
 from pykubelet.stats.types import (
     ContainerStats,
@@ -99,7 +99,7 @@ class StatsCollector:
         self._latest: NodeStats | None = None
         self._last: dict[str, _Last] = {}  # container ID (node: "") -> its last CPU reading
         self._boot: float | None = None
-        self._history: dict[str, deque[UsagePoint]] = {}  # pod UID -> its last samples
+        self._history = UsageHistories(HISTORY_SAMPLES)
         self._failing = False
         # One sample at a time: the file reader keeps per-sample state (its process table).
         self._lock = asyncio.Lock()
@@ -108,7 +108,7 @@ class StatsCollector:
         return self._latest
 
     def history(self, uid: str) -> tuple[UsagePoint, ...]:
-        return tuple(self._history.get(uid, ()))
+        return self._history.of(uid)
 
     def _remember(self, pods: tuple[PodStats, ...]) -> None:
         """Append each pod's usage to its history; forget the pods no longer sampled."""
@@ -118,10 +118,8 @@ class StatsCollector:
                 cores = pod.cpu.usage_nano_cores / 1e9
             memory = pod.memory.working_set_bytes if pod.memory is not None else None
             time = max((u.time for u in (pod.cpu, pod.memory) if u is not None), default=None)
-            points = self._history.setdefault(pod.uid, deque(maxlen=HISTORY_SAMPLES))
-            points.append(UsagePoint(time or pod.start_time, cores, memory))
-        for gone in set(self._history) - {pod.uid for pod in pods}:
-            del self._history[gone]
+            self._history.append(pod.uid, time or pod.start_time, cores, memory)
+        self._history.keep_only(pod.uid for pod in pods)
 
     async def run(self) -> None:
         """Sample now and every `period` until cancelled."""
