@@ -18,6 +18,7 @@ from typing import Protocol
 
 from pykubelet.api.model import Pod
 from pykubelet.common import metrics
+from pykubelet.common.lightevent import LightEvent
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,8 @@ class _Worker:
     removed: bool = False  # no source has it any more: clean up everything when terminated
     finished: bool = False  # terminated and cleaned up
     restart_requested: bool = False  # re-added (same UID) while it was being removed
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    terminated: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: LightEvent = field(default_factory=LightEvent)
+    terminated: LightEvent = field(default_factory=LightEvent)
     task: asyncio.Task[None] | None = None
     syncing: asyncio.Task[SyncResult] | None = None  # the sync in progress, if any
 

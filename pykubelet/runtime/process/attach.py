@@ -29,6 +29,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+from pykubelet.common.lightevent import LightEvent
 from pykubelet.runtime.base import STDOUT, RuntimeFailure
 from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.execstream import set_terminal_size
@@ -192,7 +193,7 @@ class ProcessAttachStream:
         *,
         read_from: Callable[[int], Awaitable[tuple[bytes, int]]],
         offset: int,
-        exited: asyncio.Event,
+        exited: LightEvent,
         exit_code: Callable[[], int | None],
         stdio: ContainerStdio | None,
         stdin: bool,

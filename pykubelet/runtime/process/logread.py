@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from pykubelet.common.lightevent import LightEvent
 from pykubelet.runtime import logfiles
 from pykubelet.runtime.base import LogTimes
 from pykubelet.runtime.process.logrotate import LogRotator
@@ -42,7 +43,7 @@ async def follow_plain_log(
     container_id: str,
     path: Path,
     created_at: datetime,
-    exited: asyncio.Event | None,
+    exited: LightEvent | None,
     tail_lines: int | None,
     times: LogTimes,
 ) -> AsyncGenerator[bytes, None]:

@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pykubelet.common.lightevent import LightEvent
 from pykubelet.runtime.base import (
     ContainerRunState,
     RuntimeContainer,
@@ -193,7 +194,7 @@ class ContainerRecord:
     # Not persisted.
     pidfd: int | None = None  # set while the exit is being watched
     # Set once the exit is recorded, in memory and (if the disk allows) in the state file.
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    exited: LightEvent = field(default_factory=LightEvent)
     # Orders the writes of the state file and its deletion.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     removed: bool = False  # the state file is deleted: never write it again
