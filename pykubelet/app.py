@@ -27,6 +27,7 @@ from pykubelet.common.allocatable import (
     node_resources,
 )
 from pykubelet.common.events import EventRecorder, ObjectRef
+from pykubelet.common.heap import trim_heap_periodically
 from pykubelet.common.machine import MachineFacts, read_machine_facts
 from pykubelet.common.options import DEFAULT_ENDPOINTS, Options
 from pykubelet.common.sdnotify import Notifier
@@ -336,6 +337,7 @@ async def run_agent(opts: Options) -> int:
             "no pods will run"
         )
     tasks.append(("stats", stats.run()))
+    tasks.append(("heap-trim", trim_heap_periodically()))
     log.info(
         "pykubelet %s starting: node %s, runtime %s", __version__, opts.node_name, runtime.name
     )
