@@ -1,4 +1,6 @@
 """Pod workers: one task per pod UID that drives it through SyncPod → Terminating → Terminated.
+The task runs while the pod has work (an update, a periodic sync, its termination) and ends when
+it has none: an idle pod keeps only its state, not a task waiting (1.5 KB a pod with its frames).
 
 Updates for one pod are serialized. While a sync runs, a newer update replaces the pending one
 (only the latest matters), but a kill is never dropped and its grace period can only get
@@ -71,7 +73,7 @@ class _Worker:
     removed: bool = False  # no source has it any more: clean up everything when terminated
     finished: bool = False  # terminated and cleaned up
     restart_requested: bool = False  # re-added (same UID) while it was being removed
-    wake: LightEvent = field(default_factory=LightEvent)
+    woken: bool = False  # work arrived since the task last looked
     terminated: LightEvent = field(default_factory=LightEvent)
     task: asyncio.Task[None] | None = None
     syncing: asyncio.Task[SyncResult] | None = None  # the sync in progress, if any
@@ -122,7 +124,6 @@ class PodWorkers:
             full_name = pod.full_name if pod is not None else key
             worker = _Worker(uid=key, full_name=full_name, pod=pod)
             self._workers[key] = worker
-            worker.task = asyncio.create_task(self._run(worker), name=f"pod-worker-{key[:12]}")
         if pod is not None:
             worker.pod = pod
         if update is UpdateType.KILL:
@@ -145,7 +146,15 @@ class PodWorkers:
         elif worker.removed and update is UpdateType.CREATE:
             # The kill still runs to its end; then the pod starts again from scratch.
             worker.restart_requested = True
-        worker.wake.set()
+        self._wake(worker)
+
+    def _wake(self, worker: _Worker) -> None:
+        """Work for the worker: its task looks again, or one starts if it had ended. A finished
+        worker's task has ended for good (a re-add makes a new worker)."""
+        worker.woken = True
+        if worker.finished or (worker.task is not None and not worker.task.done()):
+            return
+        worker.task = asyncio.create_task(self._run(worker), name=f"pod-worker-{worker.uid[:12]}")
 
     def due_pods(self) -> list[str]:
         now = self._clock()
@@ -201,9 +210,8 @@ class PodWorkers:
     # --- the worker ---------------------------------------------------------------------------
 
     async def _run(self, worker: _Worker) -> None:
-        while True:
-            await worker.wake.wait()
-            worker.wake.clear()
+        while worker.woken:
+            worker.woken = False
             if worker.kill_requested and worker.state is WorkerState.SYNCING:
                 worker.state = WorkerState.TERMINATING
             if worker.state is WorkerState.SYNCING:
@@ -218,6 +226,9 @@ class PodWorkers:
                     self._terminated(worker.uid)
                     self.update_pod(UpdateType.CREATE, worker.pod)
                 return
+        # Nothing more to do: the task ends (and is let go: a done task keeps its coroutine),
+        # and the next update (or periodic sync) starts one.
+        worker.task = None
 
     async def _sync(self, worker: _Worker) -> None:
         update, worker.pending = worker.pending, None
@@ -297,7 +308,7 @@ class PodWorkers:
         del self._name_holder[worker.full_name]
         for uid in self._name_waiters.pop(worker.full_name, set()):
             if (other := self._workers.get(uid)) is not None:
-                other.wake.set()
+                self._wake(other)
 
     def _requeue(self, uid: str, delay: float, *, jitter: bool) -> None:
         if jitter:
