@@ -1,6 +1,6 @@
 """Pod workers: one task per pod UID that drives it through SyncPod → Terminating → Terminated.
 The task runs while the pod has work (an update, a periodic sync, its termination) and ends when
-it has none: an idle pod keeps only its state, not a task waiting (1.5 KB a pod with its frames).
+it has none: an idle pod keeps only its state, not a task waiting (0.8 KB a pod with its frames).
 
 Updates for one pod are serialized. While a sync runs, a newer update replaces the pending one
 (only the latest matters), but a kill is never dropped and its grace period can only get
