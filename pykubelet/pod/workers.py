@@ -97,6 +97,7 @@ class PodWorkers:
         # to or from TERMINATED): admission's count of the pods using capacity.
         self._terminated_listeners: list[Callable[[str], None]] = []
         self._closing = False
+        self._stopped = False  # shutdown cancelled the tasks: no worker starts one again
 
     # --- dispatch ---------------------------------------------------------------------------
 
@@ -152,7 +153,7 @@ class PodWorkers:
         """Work for the worker: its task looks again, or one starts if it had ended. A finished
         worker's task has ended for good (a re-add makes a new worker)."""
         worker.woken = True
-        if worker.finished or (worker.task is not None and not worker.task.done()):
+        if self._stopped or worker.finished or (worker.task is not None and not worker.task.done()):
             return
         worker.task = asyncio.create_task(self._run(worker), name=f"pod-worker-{worker.uid[:12]}")
 
@@ -202,6 +203,7 @@ class PodWorkers:
                 self.update_pod(UpdateType.KILL, worker.pod, worker.uid, removed=True)
             await asyncio.gather(*(w.terminated.wait() for w in workers))
             await asyncio.gather(*(w.task for w in workers if w.task is not None))
+        self._stopped = True
         for worker in workers:
             if worker.task is not None:
                 worker.task.cancel()
