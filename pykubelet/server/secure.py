@@ -18,7 +18,9 @@ GET|POST /portForward/{ns}/{pod}[/{uid}] TCP connections to the pod's ports (str
 GET /metrics/resource, /stats/summary    usage, from stats/ (server/stats.py)
 
 Exec, attach and port-forward sessions are closed after `streaming_idle_timeout` without a
-frame either way (the kubelet's streamingConnectionIdleTimeout).
+frame either way (the kubelet's streamingConnectionIdleTimeout). Their modules (streaming/, the
+SPDY sessions: 0.5 MiB) are imported by the first such request, in a thread: an agent nobody
+execs into does not hold them.
 
 /run and the other /stats paths are not served yet: they answer 501 with a Status
 naming what is missing, never a silent 404.
@@ -26,6 +28,8 @@ naming what is missing, never a silent 404.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -41,9 +45,31 @@ from pykubelet.server.auth import (
 )
 from pykubelet.server.endpoints import NodeView, add_node_routes, counting
 from pykubelet.server.errors import status_response
-from pykubelet.server.streaming.portforward import parse_ports, serve_port_forward
-from pykubelet.server.streaming.remotecommand import attach_options, exec_options
-from pykubelet.server.streaming.session import serve_stream
+
+STREAMING_MODULES = (
+    "pykubelet.server.streaming.portforward",
+    "pykubelet.server.streaming.remotecommand",
+    "pykubelet.server.streaming.session",
+)
+
+
+_streaming_loaded = False  # set once the imports below have completed
+
+
+def _import_streaming() -> None:
+    global _streaming_loaded
+    for name in STREAMING_MODULES:
+        importlib.import_module(name)
+    _streaming_loaded = True
+
+
+async def _streaming_imported() -> None:
+    """The streaming modules loaded; until they are, each call imports them in a thread (an
+    import reads and compiles files: not on the loop; a second request meanwhile waits in its
+    thread for the first's import, never on the loop)."""
+    if not _streaming_loaded:
+        await asyncio.to_thread(_import_streaming)
+
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +162,10 @@ def build_secure_app(
         )
 
     async def exec_command(request: web.Request) -> web.StreamResponse:
+        await _streaming_imported()
+        from pykubelet.server.streaming.remotecommand import exec_options
+        from pykubelet.server.streaming.session import serve_stream
+
         info = request.match_info
         try:
             opts = exec_options(request.query.getall("command", []), request.query)
@@ -159,6 +189,10 @@ def build_secure_app(
         )
 
     async def attach(request: web.Request) -> web.StreamResponse:
+        await _streaming_imported()
+        from pykubelet.server.streaming.remotecommand import attach_options
+        from pykubelet.server.streaming.session import serve_stream
+
         info = request.match_info
         try:
             opts = attach_options(request.query)
@@ -180,6 +214,9 @@ def build_secure_app(
         )
 
     async def port_forward(request: web.Request) -> web.StreamResponse:
+        await _streaming_imported()
+        from pykubelet.server.streaming.portforward import parse_ports, serve_port_forward
+
         info = request.match_info
         namespace, name, uid = info["namespace"], info["pod"], info.get("uid")
         try:
