@@ -29,6 +29,7 @@ from pykubelet.runtime.base import (
     StartError,
 )
 from pykubelet.runtime.process import statefile
+from pykubelet.runtime.process.processes import proc_start_time
 from pykubelet.runtime.process.runtime import (
     UNKNOWN_EXIT_CODE,
     UNKNOWN_MESSAGE,
@@ -211,6 +212,38 @@ async def test_exit_codes_and_reasons(rt: ProcessRuntime, tmp_path: Path) -> Non
     assert state["exit_code"] == 3 and state["reason"] == "Error" and state["state"] == "exited"
     assert state["pid"] == bad.pid and isinstance(state["proc_start_time"], int)
     assert (state["name"], state["attempt"], state["spec_hash"]) == ("bad", 0, "h1")
+
+
+async def test_the_recorded_start_time_is_the_process_s_even_if_it_exits_at_once(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    """Read off the loop (in the state files' thread) or, for a process that exits first, by
+    the exit handling before it reaps: never 0, never another process's."""
+    pod, sb = await new_pod(rt)
+    running = await rt.start_container(pod, sb, sh("exec sleep 30", name="running"))
+    gone = [await rt.start_container(pod, sb, sh("exit 0", name=f"gone{i}")) for i in range(5)]
+    pod_dir = tmp_path / "runtime/process" / pod.uid
+    assert running.pid is not None
+    recorded = json.loads((pod_dir / f"{running.id}.json").read_text())["proc_start_time"]
+    assert recorded == proc_start_time(running.pid)  # /proc/<pid>/stat's, now
+    for c in gone:
+        await wait_exited(rt, c)
+        path = pod_dir / f"{c.id}.json"
+        await wait_until(lambda p=path: json.loads(p.read_text())["state"] == "exited", "exit")
+        assert json.loads(path.read_text())["proc_start_time"] > 0
+    await rt.stop_container(running, grace_seconds=1)
+
+
+def test_a_state_file_s_content_can_be_made_in_the_writer_s_thread(tmp_path: Path) -> None:
+    def failing() -> dict[str, int]:
+        raise OSError(3, "no such process")
+
+    ok, bad = tmp_path / "ok.json", tmp_path / "bad.json"
+    errors = statefile.write_json_many(
+        [(ok, lambda: {"k": 1}, None, False), (bad, failing, None, False)]
+    )
+    assert errors[0] is None and isinstance(errors[1], OSError)
+    assert statefile.read_json(ok) == {"k": 1} and not bad.exists()
 
 
 async def test_containers_sorted_by_name_and_attempt(rt: ProcessRuntime) -> None:

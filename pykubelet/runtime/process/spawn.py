@@ -88,8 +88,12 @@ def spawn(
     log_path: Path,
     pass_fds: tuple[int, ...] = (),
     stdio: Stdio | None = None,
+    *,
+    start_time: bool = True,
 ) -> tuple[int, int, int]:
-    """fork+exec `argv` in a new session writing to `log_path`: (pid, pidfd, /proc start time)."""
+    """fork+exec `argv` in a new session writing to `log_path`: (pid, pidfd, /proc start time).
+    With `start_time=False` the start time is 0, for the caller to read before the process is
+    reaped (right after the fork the read waits for the child's exec)."""
     if not os.path.isdir(cwd):  # Popen would say so too, but naming the file, not the problem
         raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
     stdio = stdio or Stdio()
@@ -122,7 +126,7 @@ def spawn(
     # Popen look finished, so its __del__ does not queue the pid for subprocess._cleanup(), which
     # would reap the child behind our back and lose its exit status.
     proc.returncode = 0
-    return _watched(proc.pid)
+    return _watched(proc.pid, start_time)
 
 
 def _open_log(log_path: Path) -> int:
@@ -140,10 +144,13 @@ def _open_log(log_path: Path) -> int:
         ) from e
 
 
-def _watched(pid: int) -> tuple[int, int, int]:
-    """(pid, pidfd, /proc start time) of a process just started, not reaped yet (so /proc/<pid>
-    exists even if it has already exited); killed if either cannot be had."""
+def _watched(pid: int, with_start_time: bool = True) -> tuple[int, int, int]:
+    """(pid, pidfd, /proc start time or 0 if not `with_start_time`) of a process just started,
+    not reaped yet (so /proc/<pid> exists even if it has already exited); killed if either
+    cannot be had."""
     pidfd = _open_pidfd(pid)
+    if not with_start_time:
+        return pid, pidfd, 0
     start_time = proc_start_time(pid)
     if start_time is None:
         kill_group(pid, signal.SIGKILL)

@@ -54,8 +54,9 @@ def write_json_many(items: list[tuple[Path, Any, Path | None, bool]]) -> list[OS
     """Each `path` atomically replaced by its `data` as JSON, for each (path, data, then_remove,
     make_dir), with one fsync per directory for all the renames into it; once a file is durable
     its `then_remove` (if any) is deleted; with `make_dir` a missing directory is made first
-    (`ensure_dir`). Returns each item's error or None: one bad file does not fail the others
-    (nor does a `then_remove` that cannot be deleted).
+    (`ensure_dir`). A callable `data` is called here (in the writer's thread) for the object;
+    an OSError it raises is its item's error. Returns each item's error or None: one bad file
+    does not fail the others (nor does a `then_remove` that cannot be deleted).
 
     The guarantee of the module: each file's content is fsynced before its rename, and the
     rename is durable (its directory fsynced) before this returns or its `then_remove` goes."""
@@ -63,6 +64,8 @@ def write_json_many(items: list[tuple[Path, Any, Path | None, bool]]) -> list[OS
     dirs: dict[Path, list[int]] = {}
     for i, (path, data, _, make_dir) in enumerate(items):
         try:
+            if callable(data):
+                data = data()
             try:
                 _replace(path, data)
             except FileNotFoundError:
