@@ -211,18 +211,21 @@ async def test_a_kill_cancels_the_sync_in_progress() -> None:
     await workers.shutdown(kill=False)
 
 
+def worker_tasks() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("pod-worker-")]
+
+
 async def test_an_idle_pod_keeps_no_task_and_nothing_runs_after_shutdown() -> None:
     syncer = RecordingSyncer(delay=0.01)
     workers = PodWorkers(syncer, resync_seconds=60)
     pod = make_pod("a", "u1")
-    workers.update_pod(UpdateType.CREATE, pod)
-    await settle(workers, 0.2)
-    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("pod-worker-")]
-    workers.update_pod(UpdateType.SYNC, pod)  # work again: a task for it, then none
-    await settle(workers, 0.2)
+    for update in (UpdateType.CREATE, UpdateType.SYNC):  # each: a task for it, then none
+        workers.update_pod(update, pod)
+        assert len(worker_tasks()) == 1
+        await settle(workers, 0.2)
+        assert not worker_tasks()
     assert [c[2] for c in syncer.calls] == ["create:i", "sync:i"]
     await workers.shutdown(kill=False)
     workers.update_pod(UpdateType.SYNC, pod)  # too late: the agent is stopping
     await asyncio.sleep(0.1)
-    assert len(syncer.calls) == 2
-    assert not [t for t in asyncio.all_tasks() if t.get_name().startswith("pod-worker-")]
+    assert len(syncer.calls) == 2 and not worker_tasks()
