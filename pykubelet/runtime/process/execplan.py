@@ -13,7 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pykubelet.runtime.base import RuntimeContainer, RuntimeFailure
-from pykubelet.runtime.process.processes import proc_start_time
 from pykubelet.runtime.process.records import ContainerRecord
 from pykubelet.runtime.process.spawn import ExecPlan, container_env, exec_context
 
@@ -59,9 +58,9 @@ async def exec_plan(
         enter = {}
     direct = not (enter or rec.cgroup)
     if "mount_ns_pid" in enter:
-        # Not recorded yet right after the start (the state files' thread reads it): read here,
-        # on the loop, where the running process cannot be reaped meanwhile.
-        enter["mount_ns_start_time"] = rec.proc_start_time or proc_start_time(rec.pid) or -1
+        # A mount namespace of its own means the launcher started it, whose start time is read
+        # with the launch (only a container started without one has it read later).
+        enter["mount_ns_start_time"] = rec.proc_start_time
     enter["cgroups"] = [] if direct else await asyncio.to_thread(procs_files, rec.pod_uid, rec.id)
     home_of_user = not any(name == "HOME" for name, _ in env)
     enter.update(cwd=cwd, argv=command, env=full_env, home_of_user=home_of_user)
