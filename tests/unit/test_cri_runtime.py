@@ -488,6 +488,10 @@ class _EventingRuntime:
     def __init__(self) -> None:
         self.containers: list[Any] = []
         self.events: asyncio.Queue[str] = asyncio.Queue()
+        # An exited container's (exit code, reason), as ContainerStatus tells them.
+        self.exits: dict[str, tuple[int, str]] = {}
+        self.status_calls: dict[str, int] = {}
+        self.stopped: list[str] = []
 
     def handler(self) -> Any:
         import grpc  # type: ignore[import-untyped]
@@ -515,16 +519,25 @@ class _EventingRuntime:
 
         async def container_status(request: Any, context: Any) -> Any:
             [c] = [c for c in self.containers if c.id == request.container_id]
+            self.status_calls[c.id] = self.status_calls.get(c.id, 0) + 1
+            exit_code, reason = self.exits.get(c.id, (0, ""))
             return api.ContainerStatusResponse(
                 status=api.ContainerStatus(
                     id=c.id,
                     metadata=c.metadata,
                     state=c.state,
                     created_at=c.created_at,
+                    finished_at=time.time_ns() - 10**7 if c.id in self.exits else 0,
+                    exit_code=exit_code,
+                    reason=reason,
                     labels=c.labels,
                     image=c.image,
                 )
             )
+
+        async def stop(request: Any, context: Any) -> Any:
+            self.stopped.append(request.container_id)
+            return api.StopContainerResponse()
 
         async def events(request: Any, context: Any) -> AsyncIterator[Any]:
             while True:
@@ -538,6 +551,7 @@ class _EventingRuntime:
                 "ListPodSandbox": unary(sandboxes, api.ListPodSandboxRequest),
                 "ListContainers": unary(containers, api.ListContainersRequest),
                 "ContainerStatus": unary(container_status, api.ContainerStatusRequest),
+                "StopContainer": unary(stop, api.StopContainerRequest),
                 "GetContainerEvents": grpc.unary_stream_rpc_method_handler(
                     events,
                     request_deserializer=api.GetEventsRequest.FromString,
@@ -577,6 +591,84 @@ async def test_container_events_relist_at_once_where_the_runtime_streams_them(
         assert await asyncio.wait_for(changed.get(), 5) == "u1"
         pod = await rt.get_pod("u1")
         assert pod is not None and pod.containers[0].state is ContainerRunState.RUNNING
+    finally:
+        await rt.close()
+        await server.stop(None)
+
+
+def _fake_container(id: str, uid: str, state: Any) -> Any:
+    return api.Container(
+        id=id,
+        metadata=api.ContainerMetadata(name="c"),
+        state=state,
+        created_at=1,
+        image=api.ImageSpec(image="busybox:test"),
+        labels={"io.pykubelet.managed": "true", "io.kubernetes.pod.uid": uid},
+    )
+
+
+async def test_an_oom_kill_told_after_the_exit_is_still_reported_as_oomkilled(
+    tmp_path: Path,
+) -> None:
+    """containerd may handle a container's exit before its OOM kill: ContainerStatus says
+    "Error" for a moment, then "OOMKilled". A pod that ends with it keeps the first reason it
+    reported, so the agent asks again before reporting a SIGKILL it did not send."""
+    import grpc
+
+    fake = _EventingRuntime()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((fake.handler(),))
+    server.add_insecure_port(f"unix://{tmp_path}/cri.sock")
+    await server.start()
+    rt = CriRuntime(f"unix://{tmp_path}/cri.sock", INFRA, tmp_path, poll_interval=3600)
+    try:
+        await rt.start()
+        changed: asyncio.Queue[str] = asyncio.Queue()
+        rt.add_listener(changed.put_nowait)
+
+        async def reason_of(uid: str) -> tuple[str | None, int | None]:
+            pod = await rt.get_pod(uid)
+            assert pod is not None
+            return pod.containers[0].reason, pod.containers[0].exit_code
+
+        # The kill's event lands 0.2 s after the exit's.
+        fake.containers.append(_fake_container("oom", "u1", api.CONTAINER_EXITED))
+        fake.exits["oom"] = (137, "Error")
+
+        async def kill_told_late() -> None:
+            await asyncio.sleep(0.2)
+            fake.exits["oom"] = (137, "OOMKilled")
+
+        late = asyncio.create_task(kill_told_late())
+        await fake.events.put("oom")
+        assert await asyncio.wait_for(changed.get(), 5) == "u1"
+        assert await reason_of("u1") == ("OOMKilled", 137)
+        await late
+
+        # A SIGKILL from elsewhere stays an Error, after a bounded wait, and only once.
+        fake.containers.append(_fake_container("killed", "u2", api.CONTAINER_EXITED))
+        fake.exits["killed"] = (137, "Error")
+        await fake.events.put("killed")
+        assert await asyncio.wait_for(changed.get(), 5) == "u2"
+        assert await reason_of("u2") == ("Error", 137)
+        asked = fake.status_calls["killed"]
+        assert asked > 1
+        await rt.changed("killed")  # told of it again: looked at again, not waited for
+        assert fake.status_calls["killed"] == asked + 1
+
+        # A container the agent stops itself: its SIGKILL is the agent's, not waited for.
+        fake.containers.append(_fake_container("stopped", "u3", api.CONTAINER_RUNNING))
+        await fake.events.put("stopped")
+        assert await asyncio.wait_for(changed.get(), 5) == "u3"
+        pod = await rt.get_pod("u3")
+        assert pod is not None
+        fake.containers[-1].state = api.CONTAINER_EXITED
+        fake.exits["stopped"] = (137, "Error")
+        before = fake.status_calls["stopped"]
+        await rt.stop_container(pod.containers[0], 0)
+        assert fake.stopped == ["stopped"]
+        assert fake.status_calls["stopped"] == before + 1
+        assert await reason_of("u3") == ("Error", 137)
     finally:
         await rt.close()
         await server.stop(None)

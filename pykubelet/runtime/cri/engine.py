@@ -54,7 +54,7 @@ from pykubelet.runtime.base import (
     StartError,
     TerminalSize,
 )
-from pykubelet.runtime.cri import stats
+from pykubelet.runtime.cri import oomreason, stats
 from pykubelet.runtime.cri.client import CALL_TIMEOUT, CriClient, CriError, unix_socket_path
 from pykubelet.runtime.cri.convert import (
     LABEL_MANAGED,
@@ -70,7 +70,7 @@ from pykubelet.runtime.cri.convert import (
     sandbox_state,
 )
 from pykubelet.runtime.cri.images import CriImages
-from pykubelet.runtime.cri.log import CriLogDecoder
+from pykubelet.runtime.cri.log import follow_cri_log
 from pykubelet.runtime.cri.proto import cri_api_pb2 as api
 from pykubelet.runtime.cri.security import (
     apply_container_security,
@@ -101,7 +101,6 @@ ATTACH_EXIT_POLL = 0.1
 PULL_DEADLINE = 610.0
 POLL_INTERVAL = 1.0
 EVENTS_RETRY = 5.0
-FOLLOW_INTERVAL = 0.2
 
 T = TypeVar("T")
 
@@ -138,6 +137,10 @@ class CriEngine:
         self._sandbox_configs: dict[str, SandboxConfig] = {}
         self._memory_capacity = 0  # bytes, for the OOM score of burstable containers
         self._version: RuntimeVersion | None = None  # the runtime's, once connected
+        # Containers the kubelet stopped (their SIGKILL is its own) and exits whose OOM reason
+        # was waited for already: neither is waited for again (oomreason.py).
+        self._stopped: set[str] = set()
+        self._settled: set[str] = set()
 
     # --- connection -----------------------------------------------------------------------------
 
@@ -255,6 +258,19 @@ class CriEngine:
         return sandbox_entry(id, st, st.network.ip or None)
 
     async def inspect_container(self, id: str) -> ContainerEntry | None:
+        entry = await self._container_status(id)
+        if (
+            entry is not None
+            and id not in self._stopped
+            and id not in self._settled
+            and oomreason.may_trail(entry)
+        ):
+            # Once per exit: the reason the pod's status will keep (oomreason.py).
+            self._settled.add(id)
+            entry = await oomreason.settle(entry, lambda: self._container_status(id))
+        return entry
+
+    async def _container_status(self, id: str) -> ContainerEntry | None:
         try:
             reply = await self._call(
                 "ContainerStatus",
@@ -272,6 +288,8 @@ class CriEngine:
     def forget(self, id: str) -> None:
         self._host_network.discard(id)
         self._sandbox_configs.pop(id, None)
+        self._stopped.discard(id)
+        self._settled.discard(id)
 
     # --- sandboxes ------------------------------------------------------------------------------
 
@@ -425,6 +443,7 @@ class CriEngine:
             raise StartError("RunContainerError", message) from e
 
     async def stop_container(self, id: str, seconds: int) -> None:
+        self._stopped.add(id)
         try:
             await self._call(
                 "StopContainer",
@@ -680,35 +699,11 @@ class CriEngine:
         exited: Callable[[], bool],
     ) -> AsyncGenerator[bytes, None]:
         """The file so far, then what is appended, until the container has exited and the
-        file was read to its end after that."""
+        file was read to its end after that (cri/log.py)."""
         if entry is None or not entry.log_path:
             return
-        path = Path(entry.log_path)
-        first, offset = await asyncio.to_thread(logfiles.read_cri_tail, path, tail_lines, times)
-        inode = await asyncio.to_thread(_inode, path)
-        if first:
-            yield first
-        decoder = CriLogDecoder(times)
-        while True:
-            done = exited()
-            chunk = await asyncio.to_thread(logfiles.read_from, path, offset)
-            offset += len(chunk)
-            if chunk:
-                out = decoder.feed(chunk)
-                if out:
-                    yield out
-                continue
-            now = await asyncio.to_thread(_inode, path)
-            if now != inode and now is not None:
-                # Rotated (renamed aside, the runtime reopened a new file): the rest of the old
-                # file first, from where it now is, then the new one from its start.
-                async for out in _drain_rotated(path, inode, offset, decoder):
-                    yield out
-                inode, offset = now, 0
-                continue
-            if done:
-                return
-            await asyncio.sleep(FOLLOW_INTERVAL)
+        async for out in follow_cri_log(Path(entry.log_path), tail_lines, times, exited):
+            yield out
 
     # --- changes --------------------------------------------------------------------------------
 
@@ -768,35 +763,6 @@ class CriEngine:
 
 
 # --- files (run in threads) ---------------------------------------------------------------------
-
-
-def _inode(path: Path) -> int | None:
-    try:
-        return path.stat().st_ino
-    except FileNotFoundError:
-        return None
-
-
-def _find_rotated(path: Path, inode: int | None) -> Path | None:
-    for p in reversed(logrotation.rotated_files(path)):
-        with contextlib.suppress(FileNotFoundError):
-            if p.stat().st_ino == inode:
-                return p
-    return None
-
-
-async def _drain_rotated(
-    path: Path, inode: int | None, offset: int, decoder: CriLogDecoder
-) -> AsyncGenerator[bytes, None]:
-    rotated = await asyncio.to_thread(_find_rotated, path, inode)
-    while rotated is not None:
-        chunk = await asyncio.to_thread(logfiles.read_from, rotated, offset)
-        if not chunk:
-            return
-        offset += len(chunk)
-        out = decoder.feed(chunk)
-        if out:
-            yield out
 
 
 def _remove_log_dirs(root: Path, uid: str) -> None:

@@ -1,0 +1,64 @@
+"""An OOM-killed container's reason, once the runtime has caught up with it.
+
+containerd (1.6, and later ones under load) hears of a container's exit and of its OOM kill
+separately: the shim's reaper reports the exit, its cgroup watcher the kill, and the two events
+may reach the CRI plugin in either order. Until the kill's event is handled, ContainerStatus says
+reason "Error" for a container the kernel killed; once it is, "OOMKilled". The kubelet does not
+look again at a terminated container whose state did not change, and a pod that ends with it
+(restartPolicy Never) keeps the status it ended with, so the first reason read is the one a
+user sees.
+
+What it promises: `may_trail` picks the exits whose reason can still change (exit code 137, the
+SIGKILL, not said to be an OOM kill, that the kubelet did not cause by stopping the container,
+finished moments ago); `settle` asks the runtime again until it says OOMKilled or `wait` seconds
+have passed, and returns what it last said (the entry it was given if the container is gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from pykubelet.runtime.base import ContainerRunState
+from pykubelet.runtime.sandbox.engine import ContainerEntry
+
+SIGKILL_EXIT_CODE = 137  # 128 + SIGKILL: how the kernel's OOM kill shows in an exit code
+# An exit older than this was looked at before (or is an adopted one): its reason is settled.
+RECENT_SECONDS = 5.0
+WAIT_SECONDS = 2.0  # how long the runtime is given to hear of the kill (a loaded node)
+POLL_SECONDS = 0.05
+
+
+def may_trail(entry: ContainerEntry, now: datetime | None = None) -> bool:
+    """A SIGKILLed container the runtime does not (yet) call OOM-killed, exited moments ago."""
+    if (
+        entry.state is not ContainerRunState.EXITED
+        or entry.exit_code != SIGKILL_EXIT_CODE
+        or entry.oom_killed
+        or entry.finished_at is None
+    ):
+        return False
+    age = ((now or datetime.now(UTC)) - entry.finished_at).total_seconds()
+    return age < RECENT_SECONDS
+
+
+async def settle(
+    entry: ContainerEntry,
+    inspect: Callable[[], Awaitable[ContainerEntry | None]],
+    wait: float = WAIT_SECONDS,
+    poll: float = POLL_SECONDS,
+) -> ContainerEntry:
+    """Inspect again every `poll` seconds until the runtime says OOMKilled, for up to `wait`."""
+    deadline = time.monotonic() + wait
+    latest = entry
+    while time.monotonic() < deadline:
+        await asyncio.sleep(poll)
+        again = await inspect()
+        if again is None:
+            return latest
+        latest = again
+        if again.oom_killed:
+            return latest
+    return latest
