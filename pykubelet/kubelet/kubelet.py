@@ -552,6 +552,10 @@ class Kubelet:
     def _handle_pleg(self, event: PodLifecycleEvent) -> None:
         if event.type is EventType.CONTAINER_REMOVED:
             return
+        if event.type is EventType.CONTAINER_STARTED and self._syncer.saw(
+            event.pod_uid, event.container_id, ContainerRunState.RUNNING
+        ):
+            return  # the sync that started it saw it running: its status says so already
         pod = self._pods.get(event.pod_uid)
         if pod is not None:
             self._workers.update_pod(UpdateType.SYNC, pod)

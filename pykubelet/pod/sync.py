@@ -179,6 +179,9 @@ class PodSync:
         self._start_failures: dict[str, tuple[float, Waiting]] = {}
         self._keys_of_pod: dict[str, set[str]] = {}  # uid -> its back-off keys, to forget them
         self._first_seen: dict[str, float] = {}  # uid -> monotonic time; dropped once running
+        # uid -> each container's (id, state) as the pod's last finished sync saw them: what
+        # its status already tells (`saw`).
+        self._seen_states: dict[str, tuple[tuple[str, ContainerRunState], ...]] = {}
         self._refused: set[str] = set()  # uid/name of ephemeral containers said to be refused
         # Called once a pod's containers are all stopped (e.g. for the API's final delete).
         self._terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
@@ -191,6 +194,13 @@ class PodSync:
     def note_seen(self, uid: str) -> None:
         """The sync loop saw the pod for the first time: its start latency counts from here."""
         self._first_seen.setdefault(uid, time.monotonic())
+
+    def saw(self, uid: str, container_id: str, state: ContainerRunState) -> bool:
+        """Whether the pod's last finished sync saw the container in this state: a PLEG event
+        that tells only that (the start a sync made and then looked at) needs no sync of its
+        own. (A sync started 1,000 containers, and the PLEG's events for them synced each pod
+        again, nothing changed, while later pods waited for their first start.)"""
+        return (container_id, state) in self._seen_states.get(uid, ())
 
     # --- SyncPod ------------------------------------------------------------------------------
 
@@ -264,6 +274,9 @@ class PodSync:
             probes=self.prober,
         )
         self.statuses.set(uid, status)
+        self._seen_states[uid] = (
+            tuple((c.id, c.state) for c in runtime_pod.containers) if runtime_pod else ()
+        )
         if (
             uid in self._first_seen
             and status.container_statuses
@@ -692,6 +705,7 @@ class PodSync:
     # --- termination --------------------------------------------------------------------------
 
     async def sync_terminating_pod(self, uid: str, pod: Pod | None, grace: float | None) -> None:
+        self._seen_states.pop(uid, None)
         interrupted = uid in self._interrupted
         self._interrupted.discard(uid)
         # After an interrupted sync, watch a little for a container that was being started.
@@ -742,6 +756,7 @@ class PodSync:
             self._volume_failures.pop(uid, None)
             self.statuses.forget(uid)
             self._first_seen.pop(uid, None)
+            self._seen_states.pop(uid, None)
             self._refused = {k for k in self._refused if not k.startswith(f"{uid}/")}
             keys = self._keys_of_pod.pop(uid, set())
             self.backoff.forget(keys)

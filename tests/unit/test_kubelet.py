@@ -24,6 +24,7 @@ from pykubelet.cmd.node_resources import parse_reserved, parse_thresholds
 from pykubelet.common.allocatable import float32
 from pykubelet.common.events import Event, EventRecorder, ObjectRef
 from pykubelet.common.machine import MachineFacts
+from pykubelet.common.metrics import REGISTRY
 from pykubelet.common.options import Options
 from pykubelet.common.sdnotify import Notifier
 from pykubelet.config.pod_config import PodConfig
@@ -292,6 +293,32 @@ async def test_a_crashing_container_is_restarted_with_its_next_attempt(
     assert status is not None and status.container_statuses is not None
     last = status.container_statuses[0].last_state.terminated
     assert last is not None and last.exit_code == 1 and last.reason == "Error"
+
+
+def worker_runs(operation: str) -> float:
+    """How many times the pod workers ran this operation (kubelet_pod_worker_duration_seconds)."""
+    value = REGISTRY.get_sample_value(
+        "kubelet_pod_worker_duration_seconds_count", {"operation_type": operation}
+    )
+    return value or 0.0
+
+
+async def test_a_start_its_own_sync_saw_does_not_sync_the_pod_again(
+    make_node: NodeFactory,
+) -> None:
+    """The PLEG tells of each container started; the sync that started it and then looked at
+    it has its status already: no second sync (in a burst it delayed the next pods' starts).
+    A start made elsewhere, or an exit, still syncs the pod."""
+    node = await make_node()
+    syncs = worker_runs("sync")
+    pod = make_pod("once")
+    node.set_pods(pod)
+    await node.started(pod)
+    await asyncio.sleep(pleg_module.RELIST_PERIOD * 1.5)  # a full relist too
+    assert worker_runs("sync") == syncs
+    node.runtime.exit_container(pod.uid, "c", 1)
+    await eventually("the restart", lambda: len(node.runtime.containers(pod.uid)) == 2)
+    assert worker_runs("sync") > syncs
 
 
 async def test_a_spec_change_restarts_the_container(make_node: NodeFactory) -> None:
