@@ -113,7 +113,7 @@ class Cluster:
         self.mirrors = MirrorPods(kubelet.pods, self.source, self.node, opts.node_name)
         self.events = EventSink(opts.node_name, opts.event_qps, opts.event_burst)
         self.finalizer = FinalDeletes(connection, self.source, self.status, kubelet, runtime)
-        self.source.add_listener(self.status.retarget)
+        self.source.add_listener(lambda: self.status.retarget(self.mirrors.static_uids()))
         statuses.add_listener(self.status.on_status)
         recorder.add_listener(self.events.on_event)
         kubelet.add_terminated_listener(self.finalizer.on_terminated)

@@ -20,27 +20,21 @@ import logging
 from typing import Any
 
 from pykubelet.api.model import Pod
-from pykubelet.api.static import CONFIG_HASH, CONFIG_MIRROR, CONFIG_SOURCE
+from pykubelet.api.static import CONFIG_HASH, CONFIG_MIRROR
 from pykubelet.client.kubeapi import ApiError, KubeApi
 from pykubelet.client.throttle import Failures
 from pykubelet.cluster.node import NodeAgent
 from pykubelet.config.apiserver import ApiSource
-from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE
-from pykubelet.kubelet.pod_store import PodView
+from pykubelet.kubelet.pod_store import PodView, is_static
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
 
-STATIC_SOURCES = frozenset({FILE_SOURCE, HTTP_SOURCE})
 PERIOD = 1.0
 # A created mirror that the watch has not shown after this long is created again.
 PENDING_SECONDS = 10.0
-
-
-def is_static(pod: Pod) -> bool:
-    return pod.metadata.annotations.get(CONFIG_SOURCE) in STATIC_SOURCES
 
 
 def mirror_hash(obj: Obj) -> str | None:
@@ -91,7 +85,10 @@ class MirrorPods:
         source.add_listener(self._wake.set)
 
     def static_pods(self) -> dict[Key, Pod]:
-        return {(p.metadata.namespace, p.metadata.name): p for p in self._pods if is_static(p)}
+        return {(p.metadata.namespace, p.metadata.name): p for p in self._pods.static()}
+
+    def static_uids(self) -> list[str]:
+        return [p.uid for p in self._pods.static()]
 
     def mirror_of(self, static_uid: str) -> Obj | None:
         """The mirror pod showing the static pod `static_uid`, if the API server has it."""

@@ -41,10 +41,8 @@ from typing import Any, Protocol
 
 from pykubelet.api.model import Pod
 from pykubelet.api.qos import BEST_EFFORT, qos_class
-from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
-from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE
 from pykubelet.kubelet.admission import ADMIT, AdmitResult, NodeUsage
 from pykubelet.kubelet.eviction_policy import (
     MEMORY_PRESSURE,
@@ -67,7 +65,7 @@ from pykubelet.kubelet.eviction_signals import (
     pod_paths,
     process_counts,
 )
-from pykubelet.kubelet.pod_store import PodView
+from pykubelet.kubelet.pod_store import PodView, is_static
 from pykubelet.pod.workers import UpdateType
 from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod
 from pykubelet.stats.types import NodeStats
@@ -121,10 +119,6 @@ class PressureView(Protocol):
     """What admission and the node status read of the manager."""
 
     def pressure_conditions(self) -> frozenset[str]: ...
-
-
-def is_static(pod: Pod) -> bool:
-    return pod.metadata.annotations.get(CONFIG_SOURCE) in (FILE_SOURCE, HTTP_SOURCE)
 
 
 class EvictionManager:

@@ -11,7 +11,16 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from pykubelet.api.model import Pod
+from pykubelet.api.static import CONFIG_SOURCE
+from pykubelet.config.types import FILE_SOURCE, HTTP_SOURCE
 from pykubelet.pod.volumes import ObjectRegistry
+
+STATIC_SOURCES = frozenset({FILE_SOURCE, HTTP_SOURCE})
+
+
+def is_static(pod: Pod) -> bool:
+    """A pod of the file or http source: the kubelet's static pods (mirrored in cluster mode)."""
+    return pod.metadata.annotations.get(CONFIG_SOURCE) in STATIC_SOURCES
 
 
 class PodView(Protocol):
@@ -27,6 +36,10 @@ class PodView(Protocol):
 
     def __len__(self) -> int: ...
 
+    def static(self) -> list[Pod]:
+        """The static pods among them (`is_static`), without a pass over the others."""
+        ...
+
 
 class PodStore:
     """The desired pods, by UID and by (namespace, name); a name points at the UID stored last.
@@ -39,6 +52,9 @@ class PodStore:
         self._registry = registry
         self._pods: dict[str, Pod] = {}
         self._by_name: dict[tuple[str, str], str] = {}
+        # The static pods by UID: what a mirror or a status target is looked for, for every
+        # change the API server shows (a pass over 1,000 pods for each of a burst's events).
+        self._static: dict[str, Pod] = {}
 
     def get(self, uid: str) -> Pod | None:
         return self._pods.get(uid)
@@ -59,9 +75,19 @@ class PodStore:
     def uids(self) -> set[str]:
         return set(self._pods)
 
+    def static(self) -> list[Pod]:
+        return list(self._static.values())
+
+    def _index(self, pod: Pod) -> None:
+        if is_static(pod):
+            self._static[pod.uid] = pod
+        else:
+            self._static.pop(pod.uid, None)
+
     def put(self, pod: Pod) -> None:
         self._pods[pod.uid] = pod
         self._by_name[(pod.metadata.namespace, pod.metadata.name)] = pod.uid
+        self._index(pod)
         if self._registry is not None:
             self._registry.register_pod(pod)
 
@@ -69,11 +95,13 @@ class PodStore:
         """A new version of a stored pod that the workers need not hear of (a reconcile)."""
         if pod.uid in self._pods:
             self._pods[pod.uid] = pod
+            self._index(pod)
             if self._registry is not None:
                 self._registry.register_pod(pod)
 
     def remove(self, uid: str) -> Pod | None:
         pod = self._pods.pop(uid, None)
+        self._static.pop(uid, None)
         if pod is not None:
             key = (pod.metadata.namespace, pod.metadata.name)
             if self._by_name.get(key) == uid:

@@ -26,7 +26,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -204,11 +204,12 @@ class StatusSync:
         self._sent.pop(uid, None)
         self._dirty.pop(uid, None)
 
-    def retarget(self) -> None:
-        """The API's view changed: send again what now goes to another object (a mirror pod
-        that appeared or was recreated)."""
-        for uid in self._latest:
-            if uid in self._dirty or uid in self._inflight:
+    def retarget(self, uids: Iterable[str]) -> None:
+        """The API's view changed: send again the statuses of `uids` (the static pods: an API
+        pod's object is the pod itself) that now go to another object (a mirror pod that
+        appeared or was recreated)."""
+        for uid in uids:
+            if uid not in self._latest or uid in self._dirty or uid in self._inflight:
                 continue
             target = self._resolve(uid)
             sent = self._sent.get(uid)

@@ -139,7 +139,9 @@ class Cluster:
         self._finalizer = FinalDeletes(
             self.connection, self.source, self.statuses, self.kubelet, self.runtime, period=0.01
         )
-        self.source.add_listener(self.statuses.retarget)
+        self.source.add_listener(
+            lambda: self.statuses.retarget(p.uid for p in self.kubelet.pods.static())
+        )
         self.tasks.append(asyncio.create_task(self.source.run(self.api)))
         await asyncio.wait_for(self.source.synced.wait(), 5)
 
