@@ -1,12 +1,21 @@
 """Structured logs: one line per record, as text (for people), logfmt or JSON (for machines), or
 journal entries (`journal.py`): chosen by itself for `text` when stderr is systemd's journal
-stream, so `journalctl -u pykubelet` has each record's priority and fields."""
+stream, so `journalctl -u pykubelet` has each record's priority and fields.
+
+The records are written from a thread of their own (`BackgroundHandler`): a write to stderr
+blocks when what reads it is slow (a full pipe, the journal's back-pressure), and the agent's
+event loop must not wait for it. What is queued is written before the process exits
+(`logging.shutdown()`, which runs at exit and before the agent's `os._exit`).
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import logging.handlers
 import os
+import queue
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -82,8 +91,34 @@ def make_handler(log_format: str) -> logging.Handler:
     return handler
 
 
+class BackgroundHandler(logging.handlers.QueueHandler):
+    """Hands each record to `target` in a thread of its own; `close` writes what is queued
+    first (logging.shutdown closes the handlers made last first: this one before its target)."""
+
+    def __init__(self, target: logging.Handler) -> None:
+        records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        super().__init__(records)
+        self._listener: logging.handlers.QueueListener | None = logging.handlers.QueueListener(
+            records, target, respect_handler_level=True
+        )
+        self._listener.start()
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        # The message made now (its arguments may change once the call returns); the rest, the
+        # traceback included, formatted by the target's formatter, as it would be unqueued.
+        record = copy.copy(record)
+        record.msg, record.args = record.getMessage(), None
+        return record
+
+    def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()
+        super().close()
+
+
 def setup(log_format: str, verbosity: int) -> None:
-    handler = make_handler(log_format)
+    handler = BackgroundHandler(make_handler(log_format))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     # As klog's -v: 0-3 informational, 4 and up debug.

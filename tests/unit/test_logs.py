@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 
-from pykubelet.cmd.logs import JsonFormatter, LogfmtFormatter, TextFormatter
+from pykubelet.cmd.logs import BackgroundHandler, JsonFormatter, LogfmtFormatter, TextFormatter
 
 
 def record(msg: str, **fields: str) -> logging.LogRecord:
@@ -24,3 +26,43 @@ def test_formats_one_line_each() -> None:
     assert 'msg="pod default/web FailedValidation: bad"' in line
     assert "reason=FailedValidation object=default/web" in line and "\n" not in line
     assert "WARNING pykubelet.x: pod default/web" in TextFormatter().format(rec)
+
+
+class _Blocked(logging.Handler):
+    """A target whose writes wait until `go` is set: a full pipe, a stalled journal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.lines: list[str] = []
+        self.setFormatter(JsonFormatter())
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.go.wait(10)
+        self.lines.append(self.format(record))
+
+
+def test_a_blocked_output_does_not_block_the_logger_and_close_writes_what_is_queued() -> None:
+    target = _Blocked()
+    handler = BackgroundHandler(target)
+    logger = logging.getLogger("pykubelet.test-background")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        started = time.monotonic()
+        args = ["web"]
+        logger.warning("pod %s started", args, extra={"fields": {"reason": "Started"}})
+        args.append("changed after the call")
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logger.exception("sync of pod %s failed", "web")
+        assert time.monotonic() - started < 1.0 and target.lines == []
+        target.go.set()
+        handler.close()  # as logging.shutdown() does at exit
+        first, second = (json.loads(line) for line in target.lines)
+        assert first["msg"] == "pod ['web'] started" and first["reason"] == "Started"
+        assert second["msg"] == "sync of pod web failed"
+        assert "ValueError: boom" in json.dumps(second)
+    finally:
+        logger.removeHandler(handler)
