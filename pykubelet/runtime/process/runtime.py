@@ -98,6 +98,7 @@ from pykubelet.runtime.process.spawn import (
     container_env,
     exec_launched,
     launch_config,
+    open_log,
     os_reason,
     reap_exited,
     spawn,
@@ -510,8 +511,17 @@ class ProcessRuntime:
         # otherwise run on, unknown (found by the SIGKILL churn soak).
         starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
         try:
-            # The log's directory too: one thread hop, and no mkdir on the loop in spawn.
-            await asyncio.to_thread(_prepare_start, starting, log_path.parent)
+            # The log's directory too, and the log file of a process spawned here: one thread
+            # hop, and no new inode on the loop in spawn.
+            prepared = asyncio.ensure_future(
+                asyncio.to_thread(_prepare_start, starting, log_path, launch is None)
+            )
+            try:
+                log_fd = await asyncio.shield(prepared)
+            except asyncio.CancelledError:
+                # A kill cancelled the sync: the thread goes on, and its log file is closed.
+                prepared.add_done_callback(_close_opened)
+                raise
         except OSError as e:
             # No space or inodes left under --root-dir: the container cannot be created.
             raise StartError(
@@ -526,6 +536,8 @@ class ProcessRuntime:
                     self._cgroups.create, pod.uid, container_id, settings, qos_class(pod)
                 )
             except OSError as e:
+                if log_fd is not None:
+                    os.close(log_fd)
                 raise StartError(
                     "RunContainerError",
                     f"cannot create the cgroups of container {config.name}: {e}",
@@ -551,8 +563,10 @@ class ProcessRuntime:
             if launch is None:
                 # The start time is read in the state files' thread: right after the fork the
                 # read waits for the child's exec (9 % of the loop in a burst of 1,000).
+                # spawn closes the log file, whatever becomes of the start.
+                fd, log_fd = log_fd, None
                 pid, pidfd, start_time = spawn(
-                    argv, cwd, env, log_path, stdio=spawn_stdio, start_time=False
+                    argv, cwd, env, log_path, stdio=spawn_stdio, start_time=False, log_fd=fd
                 )
             else:
                 launch["cgroups"] = procs
@@ -560,6 +574,8 @@ class ProcessRuntime:
                     launch, log_path, spawn_stdio, self._launcher
                 )
         except BaseException:
+            if log_fd is not None:
+                os.close(log_fd)
             if stdio is not None:
                 await stdio.close()
             if procs:
@@ -890,7 +906,9 @@ class ProcessRuntime:
         return os.path.join(self._dir, uid, "logs", name)
 
 
-def _prepare_start(marker: Path, log_dir: Path) -> None:
+def _prepare_start(marker: Path, log_path: Path, with_log: bool) -> int | None:
+    """The start marker and the log's directory made; `with_log`: the log file opened for
+    spawn too (None if it cannot be: spawn tries again and says why, naming the file)."""
     # No fsync: it guards against the agent dying, not the machine (whose processes die too).
     # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
     # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,
@@ -901,9 +919,18 @@ def _prepare_start(marker: Path, log_dir: Path) -> None:
         pass
     except OSError:
         os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-    # If it cannot be made, spawn tries again and says so, naming the log file.
-    with contextlib.suppress(OSError):
-        statefile.ensure_dir(log_dir)
+    try:
+        statefile.ensure_dir(log_path.parent)
+        return open_log(log_path) if with_log else None
+    except (OSError, StartError):
+        return None  # spawn tries again and says why, naming the log file
+
+
+def _close_opened(done: asyncio.Future[int | None]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        fd = done.result()
+        if fd is not None:
+            os.close(fd)
 
 
 def _remove_files(*paths: Path) -> None:

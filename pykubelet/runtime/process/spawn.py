@@ -90,14 +90,19 @@ def spawn(
     stdio: Stdio | None = None,
     *,
     start_time: bool = True,
+    log_fd: int | None = None,
 ) -> tuple[int, int, int]:
     """fork+exec `argv` in a new session writing to `log_path`: (pid, pidfd, /proc start time).
     With `start_time=False` the start time is 0, for the caller to read before the process is
-    reaped (right after the fork the read waits for the child's exec)."""
+    reaped (right after the fork the read waits for the child's exec). `log_fd`: the log file
+    opened already (`open_log`, in a thread: creating it is a new inode), which spawn closes."""
     if not os.path.isdir(cwd):  # Popen would say so too, but naming the file, not the problem
+        if log_fd is not None:
+            os.close(log_fd)
         raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
     stdio = stdio or Stdio()
-    log_fd = _open_log(log_path)
+    if log_fd is None:
+        log_fd = open_log(log_path)
     out = log_fd if stdio.terminal is None else stdio.terminal
     stdin: int = subprocess.DEVNULL
     if stdio.terminal is not None:
@@ -129,7 +134,7 @@ def spawn(
     return _watched(proc.pid, start_time)
 
 
-def _open_log(log_path: Path) -> int:
+def open_log(log_path: Path) -> int:
     """The container's log file, for its process to append to (close-on-exec here)."""
     try:
         statefile.ensure_dir(log_path.parent)
@@ -319,7 +324,7 @@ def _start_served(
 ) -> tuple[int, int, int]:
     """A launcher forked by the launch server, with the stdio `spawn` would give it."""
     stdio = stdio or Stdio()
-    log_fd = _open_log(log_path)
+    log_fd = open_log(log_path)
     null_fd = None
     try:
         out = log_fd if stdio.terminal is None else stdio.terminal
