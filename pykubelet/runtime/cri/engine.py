@@ -81,6 +81,7 @@ from pykubelet.runtime.cri.streamclient import Streams, open_stream
 from pykubelet.runtime.sandbox.engine import (
     ChangeSink,
     ContainerEntry,
+    Kind,
     Listing,
     NameInUse,
     PullError,
@@ -138,9 +139,12 @@ class CriEngine:
         self._memory_capacity = 0  # bytes, for the OOM score of burstable containers
         self._version: RuntimeVersion | None = None  # the runtime's, once connected
         # Containers the kubelet stopped (their SIGKILL is its own) and exits whose OOM reason
-        # was waited for already: neither is waited for again (oomreason.py).
+        # was waited for already: neither is waited for again; the exits being waited for, and
+        # where to tell once they are (oomreason.py).
         self._stopped: set[str] = set()
         self._settled: set[str] = set()
+        self._settling: dict[str, asyncio.Task[None]] = {}
+        self._sink: ChangeSink | None = None
 
     # --- connection -----------------------------------------------------------------------------
 
@@ -203,6 +207,10 @@ class CriEngine:
                 )
 
     async def close(self) -> None:
+        settling, self._settling = list(self._settling.values()), {}
+        for task in settling:
+            task.cancel()
+        await asyncio.gather(*settling, return_exceptions=True)
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -259,16 +267,27 @@ class CriEngine:
 
     async def inspect_container(self, id: str) -> ContainerEntry | None:
         entry = await self._container_status(id)
-        if (
-            entry is not None
-            and id not in self._stopped
-            and id not in self._settled
-            and oomreason.may_trail(entry)
-        ):
-            # Once per exit: the reason the pod's status will keep (oomreason.py).
-            self._settled.add(id)
-            entry = await oomreason.settle(entry, lambda: self._container_status(id))
+        if entry is None or id in self._stopped or id in self._settled or self._sink is None:
+            return entry
+        if id in self._settling or oomreason.may_trail(entry):
+            # Its reason may still become OOMKilled (oomreason.py): told as running until it is
+            # settled, in a task of its own, so that no relist and no other pod waits for it.
+            if id not in self._settling:
+                self._settling[id] = asyncio.create_task(
+                    self._settle(id, entry, self._sink), name=f"cri-oom-reason-{id[:12]}"
+                )
+            return oomreason.unfinished(entry)
         return entry
+
+    async def _settle(self, id: str, entry: ContainerEntry, sink: ChangeSink) -> None:
+        try:
+            await oomreason.settle(entry, lambda: self._container_status(id))
+        except RuntimeFailure as e:
+            log.debug("the exit of container %s: %s", id[:12], e)
+        self._settled.add(id)
+        self._settling.pop(id, None)
+        # Looked at again, now as it is, and its pod told.
+        await sink.changed(id, Kind.CONTAINER, announce=True)
 
     async def _container_status(self, id: str) -> ContainerEntry | None:
         try:
@@ -290,6 +309,9 @@ class CriEngine:
         self._sandbox_configs.pop(id, None)
         self._stopped.discard(id)
         self._settled.discard(id)
+        settling = self._settling.pop(id, None)
+        if settling is not None:
+            settling.cancel()
 
     # --- sandboxes ------------------------------------------------------------------------------
 
@@ -644,7 +666,7 @@ class CriEngine:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + ATTACH_EXIT_WAIT
         while True:
-            entry = await self.inspect_container(id)
+            entry = await self._container_status(id)  # the exit code alone: no reason awaited
             if entry is None:
                 return None
             if entry.state is ContainerRunState.EXITED:
@@ -708,6 +730,7 @@ class CriEngine:
     # --- changes --------------------------------------------------------------------------------
 
     async def watch(self, sink: ChangeSink) -> None:
+        self._sink = sink
         sink.watching()  # nothing to wait for: the poller covers what happens meanwhile
         # The poller goes on whatever becomes of the event stream.
         events = asyncio.create_task(self._events(sink), name="cri-events")

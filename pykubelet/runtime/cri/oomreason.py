@@ -9,14 +9,16 @@ look again at a terminated container whose state did not change, and a pod that 
 user sees.
 
 What it promises: `may_trail` picks the exits whose reason can still change (exit code 137, the
-SIGKILL, not said to be an OOM kill, that the kubelet did not cause by stopping the container,
-finished moments ago); `settle` asks the runtime again until it says OOMKilled or `wait` seconds
-have passed, and returns what it last said (the entry it was given if the container is gone).
+SIGKILL, not said to be an OOM kill, finished moments ago); `settle` asks the runtime again until
+it says OOMKilled or `wait` seconds have passed, and returns what it last said (the entry it was
+given if the container is gone); `unfinished` is the entry as it was before the exit, what the
+engine reports meanwhile (engine.py), so that nothing waits for the settling but that exit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -62,3 +64,10 @@ async def settle(
         if again.oom_killed:
             return latest
     return latest
+
+
+def unfinished(entry: ContainerEntry) -> ContainerEntry:
+    """The exited container as it was running: its exit told once its reason is settled."""
+    return dataclasses.replace(
+        entry, state=ContainerRunState.RUNNING, finished_at=None, exit_code=None
+    )
