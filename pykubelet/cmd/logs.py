@@ -5,11 +5,13 @@ stream, so `journalctl -u pykubelet` has each record's priority and fields.
 The records are written from a thread of their own (`BackgroundHandler`): a write to stderr
 blocks when what reads it is slow (a full pipe, the journal's back-pressure), and the agent's
 event loop must not wait for it. What is queued is written before the process exits
-(`logging.shutdown()`, which runs at exit and before the agent's `os._exit`).
+(`logging.shutdown()`, which runs at exit and before the agent's `os._exit`); past MAX_QUEUED
+records waiting, new ones are dropped and a line says how many.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -91,16 +93,35 @@ def make_handler(log_format: str) -> logging.Handler:
     return handler
 
 
+# Records waiting for an output that does not keep up: past this, new ones are dropped and
+# counted (a line says how many once there is room), not kept without bound.
+MAX_QUEUED = 10_000
+SENTINEL_WAIT = 5.0  # seconds `close` waits for room in a full queue before it gives up
+
+
+class _Listener(logging.handlers.QueueListener):
+    def __init__(self, records: queue.Queue[Any], target: logging.Handler) -> None:
+        super().__init__(records, target, respect_handler_level=True)
+        self._records = records
+
+    def enqueue_sentinel(self) -> None:
+        # Blocking (the thread makes room): QueueListener's own put_nowait fails on a full queue.
+        with contextlib.suppress(queue.Full):
+            self._records.put(None, timeout=SENTINEL_WAIT)  # QueueListener._sentinel
+
+
 class BackgroundHandler(logging.handlers.QueueHandler):
     """Hands each record to `target` in a thread of its own; `close` writes what is queued
-    first (logging.shutdown closes the handlers made last first: this one before its target)."""
+    first (logging.shutdown closes the handlers made last first: this one before its target),
+    and a record logged after it goes to `target` directly."""
 
-    def __init__(self, target: logging.Handler) -> None:
-        records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    def __init__(self, target: logging.Handler, max_queued: int = MAX_QUEUED) -> None:
+        records: queue.Queue[Any] = queue.Queue(max_queued)
         super().__init__(records)
-        self._listener: logging.handlers.QueueListener | None = logging.handlers.QueueListener(
-            records, target, respect_handler_level=True
-        )
+        self._records = records
+        self._target = target
+        self._dropped = 0
+        self._listener: _Listener | None = _Listener(records, target)
         self._listener.start()
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
@@ -110,9 +131,36 @@ class BackgroundHandler(logging.handlers.QueueHandler):
         record.msg, record.args = record.getMessage(), None
         return record
 
+    def enqueue(self, record: logging.LogRecord) -> None:
+        if self._listener is None:
+            self._target.handle(record)
+            return
+        try:
+            if self._dropped:
+                self._records.put_nowait(self._dropped_note())
+                self._dropped = 0
+            self._records.put_nowait(record)
+        except queue.Full:
+            self._dropped += 1
+
+    def _dropped_note(self) -> logging.LogRecord:
+        return logging.LogRecord(
+            __name__,
+            logging.WARNING,
+            __file__,
+            0,
+            f"{self._dropped} log records dropped: the log output did not keep up",
+            None,
+            None,
+        )
+
     def close(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
+            if self._dropped:
+                with contextlib.suppress(queue.Full):
+                    self._records.put(self._dropped_note(), timeout=SENTINEL_WAIT)
+                self._dropped = 0
             listener.stop()
         super().close()
 

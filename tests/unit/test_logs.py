@@ -66,3 +66,29 @@ def test_a_blocked_output_does_not_block_the_logger_and_close_writes_what_is_que
         assert "ValueError: boom" in json.dumps(second)
     finally:
         logger.removeHandler(handler)
+
+
+def test_an_output_that_does_not_keep_up_loses_counted_records_and_close_is_not_the_end() -> None:
+    target = _Blocked()
+    handler = BackgroundHandler(target, max_queued=2)
+    logger = logging.getLogger("pykubelet.test-background-full")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        for i in range(10):
+            logger.warning("line %d", i)
+        target.go.set()
+        deadline = time.monotonic() + 5
+        while not handler.queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        logger.warning("after the stall")
+        handler.close()
+        logger.warning("after close")  # at exit, after logging.shutdown(): written at once
+        messages = [json.loads(line)["msg"] for line in target.lines]
+        dropped = [m for m in messages if "log records dropped" in m]
+        assert len(dropped) == 1 and dropped[0].endswith("the log output did not keep up")
+        kept = [m for m in messages if m.startswith("line ")]
+        assert int(dropped[0].split()[0]) == 10 - len(kept) and len(kept) <= 3
+        assert messages[-2:] == ["after the stall", "after close"]
+    finally:
+        logger.removeHandler(handler)
