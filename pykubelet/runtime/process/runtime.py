@@ -514,7 +514,7 @@ class ProcessRuntime:
             # The log's directory too, and the log file of a process spawned here: one thread
             # hop, and no new inode on the loop in spawn.
             prepared = asyncio.ensure_future(
-                asyncio.to_thread(_prepare_start, starting, log_path, launch is None)
+                asyncio.to_thread(_prepare_start, starting, log_path, launch is None, cwd)
             )
             try:
                 log_fd = await asyncio.shield(prepared)
@@ -906,9 +906,10 @@ class ProcessRuntime:
         return os.path.join(self._dir, uid, "logs", name)
 
 
-def _prepare_start(marker: Path, log_path: Path, with_log: bool) -> int | None:
+def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> int | None:
     """The start marker and the log's directory made; `with_log`: the log file opened for
-    spawn too (None if it cannot be: spawn tries again and says why, naming the file)."""
+    spawn too (None if it cannot be, or the working directory is missing: spawn tries again
+    and says why, naming the file or the directory)."""
     # No fsync: it guards against the agent dying, not the machine (whose processes die too).
     # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
     # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,
@@ -921,7 +922,7 @@ def _prepare_start(marker: Path, log_path: Path, with_log: bool) -> int | None:
         os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
     try:
         statefile.ensure_dir(log_path.parent)
-        return open_log(log_path) if with_log else None
+        return open_log(log_path) if with_log and os.path.isdir(cwd) else None
     except (OSError, StartError):
         return None  # spawn tries again and says why, naming the log file
 
