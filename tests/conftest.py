@@ -120,19 +120,18 @@ def registry() -> Iterator[Registry]:
         server.close()
 
 
-# tryfirst: pytest-xdist's worker reads the xdist_group marks in its own hook (turning them into
-# the node IDs' @group suffix that --dist loadgroup schedules by); ours must have set them.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# Marked as each item is collected: pytest-xdist's worker turns the xdist_group marks into the
+# node IDs' @group suffix (which --dist loadgroup schedules by) in its own
+# pytest_collection_modifyitems, which may run before a conftest's.
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Under pytest-xdist (`make test`, `--dist loadgroup`) every test that needs the private
     Podman runs on one worker, and every one that needs containerd on one worker: each engine is
     started once, and two private Podmans (whose default bridge network is the machine's one
     10.88.0.0/16) never run on the machine at once."""
-    for item in items:
-        needs = set(getattr(item, "fixturenames", ()))
-        if item.get_closest_marker("docker") or needs & {"podman_endpoint", "container_engine"}:
-            item.add_marker(pytest.mark.xdist_group("podman"))
-        elif item.get_closest_marker("cri") or "containerd" in needs:
-            item.add_marker(pytest.mark.xdist_group("containerd"))
-        elif "registry" in needs:
-            item.add_marker(pytest.mark.xdist_group("registry"))
+    needs = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("docker") or needs & {"podman_endpoint", "container_engine"}:
+        item.add_marker(pytest.mark.xdist_group("podman"))
+    elif item.get_closest_marker("cri") or "containerd" in needs:
+        item.add_marker(pytest.mark.xdist_group("containerd"))
+    elif "registry" in needs:
+        item.add_marker(pytest.mark.xdist_group("registry"))
