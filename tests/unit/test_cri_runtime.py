@@ -4,6 +4,7 @@ lifecycle, logs, exec, resources, identity labels and adoption. Plus the CRI log
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -561,9 +562,12 @@ class _EventingRuntime:
         )
 
 
-async def test_container_events_relist_at_once_where_the_runtime_streams_them(
+@contextlib.asynccontextmanager
+async def eventing_runtime(
     tmp_path: Path,
-) -> None:
+) -> AsyncIterator[tuple[_EventingRuntime, CriRuntime, asyncio.Queue[str]]]:
+    """The fake runtime served over real gRPC, a CriRuntime on it (polling so slow that only an
+    event explains a prompt notification) and the pod UIDs it notifies, in order."""
     import grpc
 
     fake = _EventingRuntime()
@@ -571,26 +575,12 @@ async def test_container_events_relist_at_once_where_the_runtime_streams_them(
     server.add_generic_rpc_handlers((fake.handler(),))
     server.add_insecure_port(f"unix://{tmp_path}/cri.sock")
     await server.start()
-    # Polling so slow that only an event can explain a prompt notification.
     rt = CriRuntime(f"unix://{tmp_path}/cri.sock", INFRA, tmp_path, poll_interval=3600)
     try:
         await rt.start()
         changed: asyncio.Queue[str] = asyncio.Queue()
         rt.add_listener(changed.put_nowait)
-        fake.containers.append(
-            api.Container(
-                id="c1",
-                metadata=api.ContainerMetadata(name="c"),
-                state=api.CONTAINER_RUNNING,
-                created_at=1,
-                image=api.ImageSpec(image="busybox:test"),
-                labels={"io.pykubelet.managed": "true", "io.kubernetes.pod.uid": "u1"},
-            )
-        )
-        await fake.events.put("c1")
-        assert await asyncio.wait_for(changed.get(), 5) == "u1"
-        pod = await rt.get_pod("u1")
-        assert pod is not None and pod.containers[0].state is ContainerRunState.RUNNING
+        yield fake, rt, changed
     finally:
         await rt.close()
         await server.stop(None)
@@ -607,6 +597,17 @@ def _fake_container(id: str, uid: str, state: Any) -> Any:
     )
 
 
+async def test_container_events_relist_at_once_where_the_runtime_streams_them(
+    tmp_path: Path,
+) -> None:
+    async with eventing_runtime(tmp_path) as (fake, rt, changed):
+        fake.containers.append(_fake_container("c1", "u1", api.CONTAINER_RUNNING))
+        await fake.events.put("c1")
+        assert await asyncio.wait_for(changed.get(), 5) == "u1"
+        pod = await rt.get_pod("u1")
+        assert pod is not None and pod.containers[0].state is ContainerRunState.RUNNING
+
+
 async def test_an_oom_kill_told_after_the_exit_is_still_reported_as_oomkilled(
     tmp_path: Path,
 ) -> None:
@@ -614,19 +615,8 @@ async def test_an_oom_kill_told_after_the_exit_is_still_reported_as_oomkilled(
     "Error" for a moment, then "OOMKilled". A pod that ends with it keeps the first reason it
     reported, so a SIGKILL the agent did not send is told once the runtime has had 2 s to call
     it an OOM kill; nothing else waits for it meanwhile."""
-    import grpc
-
-    fake = _EventingRuntime()
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers((fake.handler(),))
-    server.add_insecure_port(f"unix://{tmp_path}/cri.sock")
-    await server.start()
-    rt = CriRuntime(f"unix://{tmp_path}/cri.sock", INFRA, tmp_path, poll_interval=3600)
     loop = asyncio.get_running_loop()
-    try:
-        await rt.start()
-        changed: asyncio.Queue[str] = asyncio.Queue()
-        rt.add_listener(changed.put_nowait)
+    async with eventing_runtime(tmp_path) as (fake, rt, changed):
 
         async def container(uid: str) -> RuntimeContainer:
             pod = await rt.get_pod(uid)
@@ -687,9 +677,6 @@ async def test_an_oom_kill_told_after_the_exit_is_still_reported_as_oomkilled(
         assert fake.stopped == ["stopped"]
         assert fake.status_calls["stopped"] == before + 1
         assert ((c := await container("u4")).reason, c.exit_code) == ("Error", 137)
-    finally:
-        await rt.close()
-        await server.stop(None)
 
 
 def test_oom_score_adj_follows_the_qos_class() -> None:
