@@ -13,6 +13,8 @@ SIGKILL, not said to be an OOM kill, finished moments ago); `settle` asks the ru
 it says OOMKilled or `wait` seconds have passed, and returns what it last said (the entry it was
 given if the container is gone); `unfinished` is the entry as it was before the exit, what the
 engine reports meanwhile (engine.py), so that nothing waits for the settling but that exit.
+A container the agent stops is not waited for (its SIGKILL is the agent's own): one stopped
+in the moment between an OOM kill and the runtime's report of its exit is told as an Error.
 """
 
 from __future__ import annotations
