@@ -274,14 +274,14 @@ class CriEngine:
             # settled, in a task of its own, so that no relist and no other pod waits for it.
             if id not in self._settling:
                 self._settling[id] = asyncio.create_task(
-                    self._settle(id, entry, self._sink), name=f"cri-oom-reason-{id[:12]}"
+                    self._settle(id, self._sink), name=f"cri-oom-reason-{id[:12]}"
                 )
             return oomreason.unfinished(entry)
         return entry
 
-    async def _settle(self, id: str, entry: ContainerEntry, sink: ChangeSink) -> None:
+    async def _settle(self, id: str, sink: ChangeSink) -> None:
         try:
-            await oomreason.settle(entry, lambda: self._container_status(id))
+            await oomreason.settle(lambda: self._container_status(id))
         except RuntimeFailure as e:
             log.debug("the exit of container %s: %s", id[:12], e)
         self._settled.add(id)

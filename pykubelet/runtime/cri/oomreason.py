@@ -10,9 +10,9 @@ user sees.
 
 What it promises: `may_trail` picks the exits whose reason can still change (exit code 137, the
 SIGKILL, not said to be an OOM kill, finished moments ago); `settle` asks the runtime again until
-it says OOMKilled or `wait` seconds have passed, and returns what it last said (the entry it was
-given if the container is gone); `unfinished` is the entry as it was before the exit, what the
-engine reports meanwhile (engine.py), so that nothing waits for the settling but that exit.
+it says OOMKilled, the container is gone or `wait` seconds have passed; `unfinished` is the
+entry as it was before the exit, what the engine reports meanwhile (engine.py), so that nothing
+waits for the settling but that exit.
 A container the agent stops is not waited for (its SIGKILL is the agent's own): one stopped
 in the moment between an OOM kill and the runtime's report of its exit is told as an Error.
 """
@@ -49,23 +49,18 @@ def may_trail(entry: ContainerEntry, now: datetime | None = None) -> bool:
 
 
 async def settle(
-    entry: ContainerEntry,
     inspect: Callable[[], Awaitable[ContainerEntry | None]],
     wait: float = WAIT_SECONDS,
     poll: float = POLL_SECONDS,
-) -> ContainerEntry:
-    """Inspect again every `poll` seconds until the runtime says OOMKilled, for up to `wait`."""
+) -> None:
+    """Inspect again every `poll` seconds until the runtime says OOMKilled or the container is
+    gone, for up to `wait`; the caller then looks at it as it is."""
     deadline = time.monotonic() + wait
-    latest = entry
     while time.monotonic() < deadline:
         await asyncio.sleep(poll)
         again = await inspect()
-        if again is None:
-            return latest
-        latest = again
-        if again.oom_killed:
-            return latest
-    return latest
+        if again is None or again.oom_killed:
+            return
 
 
 def unfinished(entry: ContainerEntry) -> ContainerEntry:
