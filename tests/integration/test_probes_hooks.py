@@ -117,8 +117,12 @@ def test_tcp_startup_probe_gates_liveness(start_agent, manifests: Path) -> None:
     port = free_port()
     server = (
         "import socket, time\n"
+        # The port bound at once, so that nothing else takes it meanwhile (a crash on
+        # EADDRINUSE restarted the container); connections are refused until it listens.
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('0.0.0.0', {port}))\n"
         "time.sleep(2)\n"
-        f"s = socket.create_server(('0.0.0.0', {port}))\n"
+        "s.listen()\n"
         "while True: s.accept()[0].close()\n"
     )
     write_pod(
