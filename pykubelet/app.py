@@ -10,7 +10,6 @@ import asyncio
 import logging
 import os
 import signal
-import ssl
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +47,7 @@ from pykubelet.server.auth import (
 from pykubelet.server.endpoints import HttpServer, build_app
 from pykubelet.server.secure import build_secure_app
 from pykubelet.server.stats import add_stats_routes
-from pykubelet.server.tls import ServingConfig, TlsError, server_context
+from pykubelet.server.tls import ServingConfig, ServingContext, TlsError
 from pykubelet.stats.collector import StatsCollector
 from pykubelet.status.manager import StatusManager
 
@@ -158,7 +157,7 @@ def secure_server(
     host_ip: str,
     facts: MachineFacts,
     stats: StatsCollector,
-) -> tuple[HttpServer, ssl.SSLContext]:
+) -> tuple[HttpServer, ServingContext]:
     """The authenticated kubelet API on --port and its SSL context (a bootstrapped serving
     certificate is loaded into it); raises TlsError naming a file it cannot use."""
     reviews = ApiReviews(connection) if connection is not None else None
@@ -174,7 +173,7 @@ def secure_server(
             opts.authorization_webhook_cache_authorized_ttl,
             opts.authorization_webhook_cache_unauthorized_ttl,
         )
-    context = server_context(
+    context = ServingContext(
         ServingConfig(
             cert_file=opts.tls_cert_file,
             key_file=opts.tls_private_key_file,
@@ -195,7 +194,7 @@ def secure_server(
         streaming_idle_timeout=opts.streaming_connection_idle_timeout,
     )
     add_stats_routes(app, stats)
-    return HttpServer(app, opts.address, opts.port, context), context
+    return HttpServer(app, opts.address, opts.port, context.listener()), context
 
 
 Task = tuple[str, Coroutine[Any, Any, None]]
@@ -443,7 +442,7 @@ async def _bootstrap(opts: Options, stop: asyncio.Event) -> bool:
 async def _certificate_tasks(
     opts: Options,
     connection: ApiConnection,
-    context: ssl.SSLContext,
+    context: ServingContext,
     facts: MachineFacts,
     host_ip: str,
 ) -> list[Task]:
@@ -481,7 +480,11 @@ async def _certificate_tasks(
     if opts.server_tls_bootstrap:
 
         async def load(path: Path) -> None:
-            await asyncio.to_thread(context.load_cert_chain, path)
+            try:
+                await asyncio.to_thread(context.load, path)
+            except TlsError as exc:
+                log.error("kubelet API: %s; the previous certificate is still served", exc)
+                return
             log.info("kubelet API serving certificate %s loaded", path)
 
         serving = CertificateManager(

@@ -8,6 +8,8 @@
 - Client certificates are asked for and, when --client-ca-file is given, verified against it in
   the handshake: a certificate from another CA ends the connection there. A client may also come
   without one (a bearer token, or anonymous where allowed).
+- A certificate issued later (serverTLSBootstrap) replaces the served one without a restart and
+  without a handshake in between seeing half of it (ServingContext).
 
 Everything here reads or writes files: call it off the event loop.
 """
@@ -84,21 +86,16 @@ def ensure_self_signed(config: ServingConfig) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
-def server_context(config: ServingConfig) -> ssl.SSLContext:
-    """The SSL context of the secure port; raises TlsError naming the file at fault."""
-    if config.cert_file is not None and config.key_file is not None:
-        cert_path, key_path = config.cert_file, config.key_file
-    else:
-        cert_path, key_path = ensure_self_signed(config)
+def _new_context(
+    config: ServingConfig, cert_path: Path, key_path: Path | None, named: str
+) -> ssl.SSLContext:
+    """A server context serving that certificate; `named` says which files in an error."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = TLS_VERSIONS[config.min_version]
     try:
         ctx.load_cert_chain(cert_path, key_path)
     except (OSError, ssl.SSLError) as exc:
-        raise TlsError(
-            f"--tls-cert-file {cert_path} / --tls-private-key-file {key_path}: "
-            f"cannot be used: {exc}"
-        ) from None
+        raise TlsError(f"{named}: cannot be used: {exc}") from None
     if config.client_ca_file is not None:
         try:
             ctx.load_verify_locations(cafile=config.client_ca_file)
@@ -108,3 +105,50 @@ def server_context(config: ServingConfig) -> ssl.SSLContext:
             ) from None
         ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
+
+
+def server_context(config: ServingConfig) -> ssl.SSLContext:
+    """The SSL context of the secure port; raises TlsError naming the file at fault."""
+    if config.cert_file is not None and config.key_file is not None:
+        cert_path, key_path = config.cert_file, config.key_file
+    else:
+        cert_path, key_path = ensure_self_signed(config)
+    named = f"--tls-cert-file {cert_path} / --tls-private-key-file {key_path}"
+    return _new_context(config, cert_path, key_path, named)
+
+
+class ServingContext:
+    """The secure port's SSL context, whose certificate can be replaced while it serves.
+
+    Loading a new chain into the context a listener uses is not atomic: OpenSSL drops the old
+    key when it takes a certificate the key does not match, so a handshake between the two
+    steps finds no key and the client sees the connection cut. Instead, each new certificate
+    goes into a context of its own, built completely off to the side, and the listener's
+    context hands every new handshake to the latest one as its ClientHello arrives (the
+    server-name callback runs for every ClientHello, with or without SNI). Handshakes already
+    under way keep the certificate they started with.
+    """
+
+    def __init__(self, config: ServingConfig) -> None:
+        """Raises TlsError naming the file at fault. Reads files: call it off the event loop."""
+        self._config = config
+        self._listener = server_context(config)
+        self._current = self._listener
+        self._listener.sni_callback = self._select
+
+    def listener(self) -> ssl.SSLContext:
+        """The context to give the server socket."""
+        return self._listener
+
+    def load(self, chain: Path) -> None:
+        """Serve the certificate, chain and key in the PEM file `chain` to every handshake from
+        now on. Raises TlsError naming the file; reads files: call it off the event loop."""
+        # One reference assignment: the callback sees the old context or the new one, whole.
+        self._current = _new_context(self._config, chain, None, f"serving certificate {chain}")
+
+    def _select(
+        self, connection: ssl.SSLObject | ssl.SSLSocket, server_name: str | None, _: ssl.SSLContext
+    ) -> None:
+        current = self._current
+        if current is not self._listener:
+            connection.context = current

@@ -38,10 +38,12 @@ def start_agent(
 
     yield start
     failed = getattr(request.node, "rep_call", None)
-    for agent in started:
-        if agent.proc is not None and agent.proc.poll() is None:
-            agent.stop(signal.SIGTERM)
-    unmount_below(tmp_path)
+    try:
+        for agent in started:
+            if agent.proc is not None and agent.proc.poll() is None:
+                agent.stop(signal.SIGTERM)
+    finally:  # also when an agent had to be killed (its mounts stay then)
+        unmount_below(tmp_path)
     if failed is not None and failed.failed and started:
         print("---- agent log ----\n" + started[-1].log()[-20000:])
 
