@@ -652,6 +652,41 @@ async def test_corrupt_state_files_are_skipped(
     await b.close()
 
 
+def _running_with(argument: str) -> list[int]:
+    """The pids of processes whose command line has `argument`."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            words = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if argument.encode() in words and state != "Z":
+                pids.append(int(entry))
+    return pids
+
+
+async def test_a_start_cancelled_while_it_forks_leaves_nothing_unrecorded(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    """A kill cancels the sync while the start's thread forks: what the thread started is
+    killed and reaped, and its marker goes; a start that finished is a recorded container."""
+    pod, sb = await new_pod(rt)
+    argument = f"3600.{uuid.uuid4().int % 10**9:09d}"  # GNU sleep takes a fraction
+    for i, delay in enumerate((0.0, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02)):
+        task = asyncio.create_task(
+            rt.start_container(pod, sb, config("sleep", argument, name=f"c{i}"))
+        )
+        await asyncio.sleep(delay)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    got = await rt.get_pod(pod.uid)
+    assert got is not None
+    recorded = {c.pid for c in got.containers if c.state is ContainerRunState.RUNNING}
+    assert set(_running_with(argument)) == recorded
+    pod_dir = tmp_path / "runtime" / "process" / pod.uid
+    assert not list(pod_dir.glob("*.starting"))
+
+
 async def test_a_container_forked_but_never_recorded_is_killed_at_the_next_start(
     tmp_path: Path,
 ) -> None:

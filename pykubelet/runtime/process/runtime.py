@@ -37,7 +37,7 @@ import threading
 from collections.abc import AsyncGenerator, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pykubelet import __version__
 from pykubelet.api.model import Pod
@@ -103,6 +103,8 @@ from pykubelet.runtime.process.spawn import (
     reap_exited,
     spawn,
     spawn_launched,
+    spawn_prepared,
+    spawns_unlocked,
 )
 from pykubelet.runtime.process.statewriter import StateWriter
 from pykubelet.runtime.process.termination import exit_message, message_bind, own_file
@@ -510,6 +512,89 @@ class ProcessRuntime:
         # finds the marker at its next start and kills the process by its ID, which would
         # otherwise run on, unknown (found by the SIGKILL churn soak).
         starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
+        if launch is None and not (config.stdin or config.tty) and spawns_unlocked():
+            spawned = await self._spawn_plain(starting, log_path, argv, cwd, env)
+        else:
+            spawned = await self._spawn_with(
+                pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
+            )
+        pid = spawned.pid
+        rec = ContainerRecord(
+            id=container_id,
+            pod_uid=pod.uid,
+            pod_name=pod.metadata.name,
+            pod_namespace=pod.metadata.namespace,
+            name=config.name,
+            attempt=config.attempt,
+            spec_hash=config.spec_hash,
+            image=config.image,
+            pid=pid,
+            proc_start_time=spawned.start_time,
+            boot_id=boot_id(),
+            created_at=created_at,
+            started_at=_now(),
+            pidfd=spawned.pidfd,
+            cgroup=spawned.cgroup,
+            launched=launch is not None,
+            termination_file=message_file,
+            termination_policy=config.termination_message_policy,
+        )
+        state.containers[rec.id] = rec
+        self._changed()
+        if spawned.stdio is not None:
+            self._stdio[rec.id] = spawned.stdio
+            spawned.stdio.start()
+        self._watch(rec)
+        started = rec.view()
+        try:
+            # The marker goes once the state file is durable, in the same batch.
+            await self._persist(rec, then_remove=starting)
+        except OSError as e:
+            # Unrecorded, it could not be adopted after a restart and would run on unmanaged.
+            kill_group(pid, signal.SIGKILL)
+            raise RuntimeFailure(
+                f"container {config.name} of pod {pod.key}: cannot write its state ({e}); "
+                "the process was killed"
+            ) from e
+        self._notify(pod.uid)
+        return started
+
+    async def _spawn_plain(
+        self, starting: Path, log_path: Path, argv: list[str], cwd: str, env: dict[str, str]
+    ) -> _Spawned:
+        """The common start: no launcher, no stdin, no terminal. The marker, the log's
+        directory and file, the fork+exec and the pidfd in one thread hop, the fork+exec
+        without the GIL (spawn_prepared). Its start time is read with the state file."""
+        prepare = functools.partial(_prepare_start, starting, log_path, True, cwd)
+        try:
+            pid, pidfd = await spawn_prepared(prepare, argv, cwd, env, log_path)
+        except BaseException as e:
+            await asyncio.to_thread(statefile.remove, starting)
+            if isinstance(e, OSError):
+                # No space or inodes left under --root-dir: the container cannot be created.
+                raise StartError(
+                    "CreateContainerError",
+                    f"cannot write the container's state: {os_reason(e)}",
+                ) from e
+            raise
+        return _Spawned(pid, pidfd, 0, False, None)
+
+    async def _spawn_with(
+        self,
+        pod: Pod,
+        config: ContainerConfig,
+        container_id: str,
+        settings: Settings | None,
+        launch: dict[str, Any] | None,
+        starting: Path,
+        log_path: Path,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+    ) -> _Spawned:
+        """A start through the launcher, or with the container's stdin or terminal: the
+        marker and the log's directory in a thread hop, then the cgroups, the stdio and the
+        fork+exec (its /proc start time 0 when it is read with the state file)."""
         try:
             # The log's directory too, and the log file of a process spawned here: one thread
             # hop, and no new inode on the loop in spawn.
@@ -585,45 +670,7 @@ class ProcessRuntime:
         finally:
             for fd in child:
                 os.close(fd)
-        rec = ContainerRecord(
-            id=container_id,
-            pod_uid=pod.uid,
-            pod_name=pod.metadata.name,
-            pod_namespace=pod.metadata.namespace,
-            name=config.name,
-            attempt=config.attempt,
-            spec_hash=config.spec_hash,
-            image=config.image,
-            pid=pid,
-            proc_start_time=start_time,
-            boot_id=boot_id(),
-            created_at=created_at,
-            started_at=_now(),
-            pidfd=pidfd,
-            cgroup=bool(procs),
-            launched=launch is not None,
-            termination_file=message_file,
-            termination_policy=config.termination_message_policy,
-        )
-        state.containers[rec.id] = rec
-        self._changed()
-        if stdio is not None:
-            self._stdio[rec.id] = stdio
-            stdio.start()
-        self._watch(rec)
-        started = rec.view()
-        try:
-            # The marker goes once the state file is durable, in the same batch.
-            await self._persist(rec, then_remove=starting)
-        except OSError as e:
-            # Unrecorded, it could not be adopted after a restart and would run on unmanaged.
-            kill_group(pid, signal.SIGKILL)
-            raise RuntimeFailure(
-                f"container {config.name} of pod {pod.key}: cannot write its state ({e}); "
-                "the process was killed"
-            ) from e
-        self._notify(pod.uid)
-        return started
+        return _Spawned(pid, pidfd, start_time, bool(procs), stdio)
 
     def _cgroup_settings(self, config: ContainerConfig) -> Settings | None:
         """The container's cgroup limits, or None if it needs none or cgroups are unusable."""
@@ -904,6 +951,14 @@ class ProcessRuntime:
         # Strings, not Paths: the stats sample asks for every container's (1,000 Path
         # conversions were a tenth of an idle node's CPU).
         return os.path.join(self._dir, uid, "logs", name)
+
+
+class _Spawned(NamedTuple):
+    pid: int
+    pidfd: int
+    start_time: int  # /proc start time, 0 if not read yet
+    cgroup: bool  # in cgroups of its own
+    stdio: ContainerStdio | None  # its stdin or terminal, served by the agent
 
 
 def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> int | None:

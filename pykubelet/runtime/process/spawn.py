@@ -34,13 +34,14 @@ import marshal
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFailure, StartError
-from pykubelet.runtime.process import statefile
+from pykubelet.runtime.process import posixspawn, statefile
 from pykubelet.runtime.process.hostexec import run_command
 from pykubelet.runtime.process.launchserver import (
     LAUNCHER_ARGV,
@@ -132,6 +133,67 @@ def spawn(
     # would reap the child behind our back and lose its exit status.
     proc.returncode = 0
     return _watched(proc.pid, start_time)
+
+
+async def spawn_prepared(
+    prepare: Callable[[], int | None],
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    log_path: Path,
+) -> tuple[int, int]:
+    """As `spawn` (without stdio, start time or passed fds), in a worker thread after
+    `prepare()` there (the caller's files; it returns the log file opened, or None): fork+exec
+    by posix_spawn, which lets the GIL go (posixspawn.py), so the loop runs on meanwhile.
+    (pid, pidfd). A caller cancelled meanwhile waits for the thread and kills and reaps what it
+    started before it goes on: never left running unrecorded."""
+    # A future of the pool, not a task: the loop's shutdown cancels tasks, and a thread that
+    # forks anyway must still be waited for.
+    started = asyncio.get_running_loop().run_in_executor(
+        None, _prepare_and_spawn, prepare, argv, cwd, env, log_path
+    )
+    try:
+        return await asyncio.shield(started)
+    except asyncio.CancelledError:
+        await _finish(started)
+        if not started.cancelled() and started.exception() is None:
+            await _kill_and_reap(*started.result())
+        raise
+
+
+def spawns_unlocked() -> bool:
+    """Whether `spawn_prepared` can be used here (glibc's posix_spawn with its file actions)."""
+    return posixspawn.available()
+
+
+def _prepare_and_spawn(
+    prepare: Callable[[], int | None],
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    log_path: Path,
+) -> tuple[int, int]:
+    log_fd = prepare()
+    if not os.path.isdir(cwd):
+        if log_fd is not None:
+            os.close(log_fd)
+        raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    if log_fd is None:
+        log_fd = open_log(log_path)
+    try:
+        null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            pid = posixspawn.spawn_process(argv[0], argv, env, cwd, null_fd, log_fd)
+        finally:
+            os.close(null_fd)
+    except OSError as e:
+        raise exec_error(argv[0], cwd, e) from e
+    except ValueError as e:  # a NUL byte, or "=" in a variable name
+        raise StartError("CreateContainerConfigError", f"cannot start {argv[0]!r}: {e}") from e
+    finally:
+        os.close(log_fd)
+    pid, pidfd, _ = _watched(pid, with_start_time=False)
+    return pid, pidfd
 
 
 def open_log(log_path: Path) -> int:
