@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import signal
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench import latency
+from bench import latency, quietdisk
 from bench.cluster_scale import _node_kubeconfig, _pod, _running, _unmount_under, _wait
 from bench.stats import percentiles
 from bench.targets import Target, at_most
@@ -46,10 +44,9 @@ def run(pods: int = 1000, raised_qps: float = RAISED_QPS) -> dict[str, Any]:
 
 def _run_cluster(pods: int, qps: float, file_source_seconds: float) -> dict[str, Any]:
     with (
-        tempfile.TemporaryDirectory(prefix="pykubelet-cluster-start-") as tmp,
+        quietdisk.scratch("pykubelet-cluster-start-") as work,
         ApiServer() as server,
     ):
-        work = Path(tmp)
         (work / "manifests").mkdir()
         kubeconfig = _node_kubeconfig(server, work / "kubeconfig", NODE)
         extra = ["--kubeconfig", str(kubeconfig), "--hostname-override", NODE]

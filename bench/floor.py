@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from bench import quietdisk
 from bench.latency import Scenario, write_manifests
 from bench.stats import percentiles
 from bench.targets import Target, at_most
@@ -76,10 +76,12 @@ def loop(directory: Path) -> None:
         os.waitpid(pid, 0)
 
 
-def run(n: int, timeout: float = 60.0) -> dict[str, Any]:
-    """n manifests written at once to a directory the floor loop scans: write → spawned."""
-    with tempfile.TemporaryDirectory(prefix="pykubelet-floor-") as tmp:
-        manifests = Path(tmp) / "manifests"
+def run(n: int, timeout: float = 60.0, keep: bool = False) -> dict[str, Any]:
+    """n manifests written at once to a directory the floor loop scans: write → spawned.
+    `keep`: its files stay until `quietdisk.remove_deferred()` (not deleted before the agent's
+    burst that follows)."""
+    with quietdisk.scratch("pykubelet-floor-", defer=keep) as tmp:
+        manifests = tmp / "manifests"
         manifests.mkdir()
         # Not the agent's run id: its processes are never mistaken for the floor's.
         scenario = Scenario(n, str((os.getpid() + 500) % 1000).zfill(3))

@@ -2,27 +2,28 @@
 
 The agent makes six inodes a pod (its directory, the sandbox record, the log directories and
 file, the container's record); the floor makes none. On an ext4 without a journal (these
-machines' disk) each new inode is a scan past the inodes freed in the last 5-10 minutes
+machines' disk) each new inode is a scan past the inodes freed in the last minute or so
 (`recently_deleted`), so one create costs 10-50 times more after a run has deleted thousands
-of files than on a quiet disk: the start figures are read beside this.
+of files than on a quiet disk. The bench makes each run's directory in a fresh part of the
+disk (bench/quietdisk.py) and prints this, measured there, beside the start figures.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
+
+from bench import quietdisk
 
 SAMPLES = 200
 
 
-def measure(base: str | None = None) -> dict[str, Any]:
-    """Milliseconds per mkdir and per file create of SAMPLES new entries, in `base` (the
-    default temporary directory, where the benchmarks' agents keep their root dirs)."""
-    with tempfile.TemporaryDirectory(prefix="pykubelet-fscost-", dir=base) as tmp:
-        root = Path(tmp)
+def measure(keep: bool = False) -> dict[str, Any]:
+    """Milliseconds per mkdir and per file create of SAMPLES new entries in a directory of
+    the bench's (where its agents keep their root dirs). `keep`: they stay until
+    `quietdisk.remove_deferred()`."""
+    with quietdisk.scratch("pykubelet-fscost-", defer=keep) as root:
         t0 = time.perf_counter()
         for i in range(SAMPLES):
             os.mkdir(root / f"d{i}")
@@ -38,7 +39,7 @@ def measure(base: str | None = None) -> dict[str, Any]:
 
 def line(cost: dict[str, Any]) -> str:
     return (
-        f"file system under {tempfile.gettempdir()}: mkdir {cost['mkdir_ms']:.3f} ms, "
+        f"file system under {quietdisk.parent()}: mkdir {cost['mkdir_ms']:.3f} ms, "
         f"create {cost['create_ms']:.3f} ms (six of these a pod; none in the floor)"
     )
 

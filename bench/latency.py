@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -15,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench import quietdisk
 from bench.stats import percentiles
 from bench.targets import Target, at_most
 from tests.integration.agent import Agent
@@ -195,8 +195,7 @@ def run(
     edits of one of them, `deletes_one` single deletes (of up to half the pods), then the
     rest deleted at once. `during_start` wraps the first burst (e.g. a profiler); with
     `start_only` the agent stops after it."""
-    with tempfile.TemporaryDirectory(prefix="pykubelet-bench-") as tmp:
-        base = Path(tmp)
+    with quietdisk.scratch("pykubelet-bench-") as base:
         manifests = base / "manifests"
         manifests.mkdir()
         scenario = Scenario(n, str(os.getpid() % 1000).zfill(3), image, handles_term)
