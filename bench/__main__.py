@@ -89,15 +89,15 @@ def main() -> int:
         for n in sizes:
             # The floor just before the agent, on the same manifests and writer: one ratio
             # compares two runs a few seconds apart on the same (shared, noisy) machine.
-            # The floor's and the measure's files kept until the agent's run is done, and
-            # each in a fresh part of the disk (bench/quietdisk.py).
-            f = floor.run(n, keep=True)
-            cost = fscost.measure(keep=True)
-            r = latency.run(n, edits_one=20, deletes_one=20)
-            quietdisk.remove_deferred()
+            # The floor's files kept until the agent's run is done, and each run in a fresh
+            # part of the disk (bench/quietdisk.py).
+            try:
+                f = floor.run(n, keep=True)
+                r = latency.run(n, edits_one=20, deletes_one=20)
+            finally:
+                quietdisk.remove_deferred()
             r["floor"], r["ratio_to_floor"] = f, floor.ratios(r, f)
-            r["file_system"] = cost
-            print(fscost.line(cost), flush=True)
+            print(fscost.line(r["file_system"]), flush=True)
             results["latency_process"].append(r)
             for line in _latency_lines(r):
                 print(line, flush=True)

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import quietdisk
+from bench import fscost, quietdisk
 from bench.stats import percentiles
 from bench.targets import Target, at_most
 from tests.integration.agent import Agent
@@ -196,6 +196,8 @@ def run(
     rest deleted at once. `during_start` wraps the first burst (e.g. a profiler); with
     `start_only` the agent stops after it."""
     with quietdisk.scratch("pykubelet-bench-") as base:
+        # What a new file costs where this agent's root dir is, just before its burst.
+        file_system = fscost.measure(base / "fscost")
         manifests = base / "manifests"
         manifests.mkdir()
         scenario = Scenario(n, str(os.getpid() % 1000).zfill(3), image, handles_term)
@@ -221,7 +223,7 @@ def run(
                 "all_running_seconds": round(start_total, 3),
             }
             if start_only:
-                return {"n": n, "start": start}
+                return {"n": n, "start": start, "file_system": file_system}
 
             before = {name: p["metadata"]["uid"] for name, p in agent.pods().items()}
             edited = write_manifests(manifests, scenario, 2)
@@ -273,6 +275,7 @@ def run(
     return {
         "n": n,
         "start": start,
+        "file_system": file_system,
         "edit": {
             "agent_observed": percentiles(edit_agent),
             "external_poll": percentiles(edit_poll),

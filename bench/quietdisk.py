@@ -9,9 +9,11 @@ scan). The floor makes no files and does not see it, so the ratio would measure 
 own cleanup. Hence:
 
 - `scratch(prefix)`: each measurement's directory is made under a parent marked as the top of
-  a directory hierarchy (ext4's `chattr +T`), so that the allocator puts it in a block group
-  of its own choosing (spreading, as for directories under /), not beside the last run's
-  freed inodes; elsewhere, or if the mark cannot be set, an ordinary directory;
+  a directory hierarchy (ext4's `chattr +T`), so that the allocator spreads them over the
+  block groups as it does directories under / (by free inodes and directory counts), most
+  likely away from the last run's freed inodes (not certainly: `bench.fscost` measures
+  each run's directory, and the figure is printed beside its burst); elsewhere, or if the
+  mark cannot be set, an ordinary directory;
 - `scratch(prefix, defer=True)`: kept until the bursts it belongs to are done
   (`remove_deferred`), so that the floor's 1,000 manifests are not deleted just before the
   agent's burst.

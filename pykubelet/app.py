@@ -159,7 +159,8 @@ def secure_server(
     stats: StatsCollector,
 ) -> tuple[HttpServer, ServingContext]:
     """The authenticated kubelet API on --port and its SSL context (a bootstrapped serving
-    certificate is loaded into it); raises TlsError naming a file it cannot use."""
+    certificate replaces the first one through it); raises TlsError naming a file it cannot
+    use."""
     reviews = ApiReviews(connection) if connection is not None else None
     authenticator = Authenticator(
         anonymous=opts.anonymous_auth,
@@ -483,7 +484,11 @@ async def _certificate_tasks(
             try:
                 await asyncio.to_thread(context.load, path)
             except TlsError as exc:
-                log.error("kubelet API: %s; the previous certificate is still served", exc)
+                log.error(
+                    "kubelet API: %s; the previous certificate is still served until the next "
+                    "rotation",
+                    exc,
+                )
                 return
             log.info("kubelet API serving certificate %s loaded", path)
 

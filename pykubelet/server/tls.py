@@ -126,7 +126,9 @@ class ServingContext:
     goes into a context of its own, built completely off to the side, and the listener's
     context hands every new handshake to the latest one as its ClientHello arrives (the
     server-name callback runs for every ClientHello, with or without SNI). Handshakes already
-    under way keep the certificate they started with.
+    under way keep the certificate they started with. OpenSSL then reads the rest of the
+    handshake's settings (verification, ALPN) from the new context: every context is made by
+    `_new_context`, and nothing is set on the listener's alone.
     """
 
     def __init__(self, config: ServingConfig) -> None:

@@ -7,6 +7,7 @@ import errno
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,7 +85,11 @@ def test_it_runs_in_a_session_of_its_own_with_three_fds_and_default_signals(
     [pid] = started
     try:
         assert os.getsid(pid) == pid and os.getpgid(pid) == pid
-        assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]
+        # sleep opens its locale files for an instant after the exec: what stays is the three.
+        deadline = time.monotonic() + 5
+        while (fds := sorted(os.listdir(f"/proc/{pid}/fd"))) != ["0", "1", "2"]:
+            assert time.monotonic() < deadline, fds
+            time.sleep(0.01)
         assert os.readlink(f"/proc/{pid}/fd/0") == os.devnull
         assert os.readlink(f"/proc/{pid}/fd/1") == os.readlink(f"/proc/{pid}/fd/2")
         assert int(_status(pid, "SigIgn"), 16) == 0
@@ -149,3 +154,22 @@ def test_failures_are_the_calls_errors_naming_the_program(
         posixspawn.spawn_process("/bin/true", ["true"], {"A": "x\0y"}, cwd, null, out)
     with pytest.raises(ValueError, match="illegal environment variable name"):
         posixspawn.spawn_process("/bin/true", ["true"], {"A=B": "x"}, cwd, null, out)
+
+
+def test_an_output_on_fd_0_reaches_the_command(
+    stdio: tuple[int, int, Path], tmp_path: Path
+) -> None:
+    """An agent started with its stdio closed opens its files at 0-2: the command still gets
+    them, not /dev/null over them."""
+    null, out, log = stdio
+    saved = os.dup(0)
+    try:
+        os.dup2(out, 0)  # the log file, now fd 0 as well
+        pid = posixspawn.spawn_process(
+            "sh", ["sh", "-c", "echo to the log; cat"], {"PATH": BASE_PATH}, str(tmp_path), null, 0
+        )
+        assert _run(pid) == 0
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert log.read_text() == "to the log\n"

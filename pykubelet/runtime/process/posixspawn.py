@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import stat
 from functools import cache
@@ -119,13 +120,37 @@ def spawn_process(
     program: str, argv: list[str], env: dict[str, str], cwd: str, stdin: int, output: int
 ) -> int:
     """Start `program` with `argv` and exactly `env` in `cwd`, stdin from fd `stdin`, stdout
-    and stderr to fd `output` (both greater than 2); its pid. Blocks until it has exec'd:
-    call it in a worker thread, where the call lets the GIL go."""
+    and stderr to fd `output`; its pid. Blocks until it has exec'd: call it in a worker
+    thread, where the call lets the GIL go."""
     libc = _libc()
     if libc is None:
         raise OSError(errno.ENOSYS, "posix_spawn with closefrom and chdir is not available")
     args, variables = _encoded(argv, env)
     executable = resolve(program, env.get("PATH", os.defpath), cwd)
+    # An fd of 0-2 (an agent started with its stdio closed opens files there) would be
+    # overwritten by the dup2s before it is read: use copies above 2.
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in (stdin, output) if fd < 3]
+    try:
+        if stdin < 3:
+            stdin = moved[0]
+        if output < 3:
+            output = moved[-1]
+        return _spawn(libc, program, executable, args, variables, cwd, stdin, output)
+    finally:
+        for fd in moved:
+            os.close(fd)
+
+
+def _spawn(
+    libc: Any,
+    program: str,
+    executable: str,
+    args: list[bytes],
+    variables: list[bytes],
+    cwd: str,
+    stdin: int,
+    output: int,
+) -> int:
     actions = ctypes.create_string_buffer(_ACTIONS_SIZE)
     attr = ctypes.create_string_buffer(_ATTR_SIZE)
     mask = ctypes.create_string_buffer(_SIGSET_SIZE)

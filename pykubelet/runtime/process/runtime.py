@@ -128,8 +128,10 @@ class ProcessRuntime:
 
     Blocking work that can take long (fsync of state files, reading logs, deleting a pod's files,
     loading the state at start) runs in asyncio's default thread pool: a bounded pool, never a
-    thread per container. fork+exec itself runs on the loop, as asyncio's own subprocess support
-    does: it returns as soon as the child has exec'd.
+    thread per container. A plain container's fork+exec runs there too (posix_spawn, without
+    the GIL); one with stdin or a terminal is fork+exec'd on the loop, as asyncio's own
+    subprocess support does (it returns as soon as the child has exec'd); one that needs the
+    launcher is forked by the launch server, in its own thread.
     """
 
     name = NAME

@@ -21,8 +21,11 @@ What this module promises:
 - processes get a small fixed environment (`container_env`), never the agent's; the launcher,
   which runs as root, gets only PATH.
 
-fork+exec runs on the event loop, as asyncio's own subprocess support does: it returns as soon
-as the child has exec'd; waiting for the launcher's report is asynchronous.
+A plain container's fork+exec runs in a worker thread by posix_spawn, which lets the GIL go
+(`spawn_prepared`, posixspawn.py); the others' (stdin, a terminal, a launcher started afresh
+when the launch server is unavailable) on the event loop, as asyncio's own subprocess support
+does: it returns as soon as the child has exec'd; waiting for the launcher's report is
+asynchronous.
 """
 
 from __future__ import annotations
@@ -187,6 +190,10 @@ def _prepare_and_spawn(
         finally:
             os.close(null_fd)
     except OSError as e:
+        if e.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isdir(cwd):
+            # posix_spawn's chdir failed (the directory went after the look above): the error
+            # names the program, not the directory.
+            e.filename = cwd
         raise exec_error(argv[0], cwd, e) from e
     except ValueError as e:  # a NUL byte, or "=" in a variable name
         raise StartError("CreateContainerConfigError", f"cannot start {argv[0]!r}: {e}") from e
