@@ -567,7 +567,8 @@ async def eventing_runtime(
     tmp_path: Path,
 ) -> AsyncIterator[tuple[_EventingRuntime, CriRuntime, asyncio.Queue[str]]]:
     """The fake runtime served over real gRPC, a CriRuntime on it (polling so slow that only an
-    event explains a prompt notification) and the pod UIDs it notifies, in order."""
+    event explains a prompt notification; 2 s after an exit for its OOM kill to be told, not
+    10) and the pod UIDs it notifies, in order."""
     import grpc
 
     fake = _EventingRuntime()
@@ -575,7 +576,9 @@ async def eventing_runtime(
     server.add_generic_rpc_handlers((fake.handler(),))
     server.add_insecure_port(f"unix://{tmp_path}/cri.sock")
     await server.start()
-    rt = CriRuntime(f"unix://{tmp_path}/cri.sock", INFRA, tmp_path, poll_interval=3600)
+    rt = CriRuntime(
+        f"unix://{tmp_path}/cri.sock", INFRA, tmp_path, poll_interval=3600, oom_reason_wait=2.0
+    )
     try:
         await rt.start()
         changed: asyncio.Queue[str] = asyncio.Queue()
@@ -613,8 +616,8 @@ async def test_an_oom_kill_told_after_the_exit_is_still_reported_as_oomkilled(
 ) -> None:
     """containerd may handle a container's exit before its OOM kill: ContainerStatus says
     "Error" for a moment, then "OOMKilled". A pod that ends with it keeps the first reason it
-    reported, so a SIGKILL the agent did not send is told once the runtime has had 2 s to call
-    it an OOM kill; nothing else waits for it meanwhile."""
+    reported, so a SIGKILL the agent did not send is told once the runtime has had the wait
+    (2 s here) to call it an OOM kill; nothing else waits for it meanwhile."""
     loop = asyncio.get_running_loop()
     async with eventing_runtime(tmp_path) as (fake, rt, changed):
 

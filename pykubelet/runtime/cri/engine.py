@@ -29,6 +29,7 @@ import os
 import shutil
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -125,8 +126,10 @@ class CriEngine:
         root_dir: Path,
         node_ip: str,
         poll_interval: float = POLL_INTERVAL,
+        oom_reason_wait: float = oomreason.WAIT_SECONDS,
     ) -> None:
         self._endpoint = endpoint
+        self._oom_reason_wait = oom_reason_wait
         self._infra_image = infra_image
         self._root_dir = root_dir
         self._node_ip = node_ip
@@ -269,19 +272,22 @@ class CriEngine:
         entry = await self._container_status(id)
         if entry is None or id in self._stopped or id in self._settled or self._sink is None:
             return entry
-        if id in self._settling or oomreason.may_trail(entry):
+        if id in self._settling or oomreason.may_trail(entry, wait=self._oom_reason_wait):
             # Its reason may still become OOMKilled (oomreason.py): told as running until it is
             # settled, in a task of its own, so that no relist and no other pod waits for it.
-            if id not in self._settling:
+            if id not in self._settling and entry.finished_at is not None:
                 self._settling[id] = asyncio.create_task(
-                    self._settle(id, self._sink), name=f"cri-oom-reason-{id[:12]}"
+                    self._settle(id, self._sink, entry.finished_at),
+                    name=f"cri-oom-reason-{id[:12]}",
                 )
             return oomreason.unfinished(entry)
         return entry
 
-    async def _settle(self, id: str, sink: ChangeSink) -> None:
+    async def _settle(self, id: str, sink: ChangeSink, finished_at: datetime) -> None:
         try:
-            await oomreason.settle(lambda: self._container_status(id))
+            await oomreason.settle(
+                lambda: self._container_status(id), finished_at, self._oom_reason_wait
+            )
         except RuntimeFailure as e:
             log.debug("the exit of container %s: %s", id[:12], e)
         self._settled.add(id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pykubelet.runtime.cri import oomreason
 from pykubelet.runtime.cri.engine import NAME, POLL_INTERVAL, CreateRequest, CriEngine
 from pykubelet.runtime.sandbox.core import SandboxRuntime
 
@@ -24,9 +25,9 @@ class CriRuntime(SandboxRuntime[CreateRequest]):
         root_dir: Path,
         node_ip: str = "127.0.0.1",
         poll_interval: float = POLL_INTERVAL,
+        oom_reason_wait: float = oomreason.WAIT_SECONDS,
     ) -> None:
         self.endpoint = endpoint
         self.node_ip = node_ip
-        super().__init__(
-            CriEngine(endpoint, infra_image, root_dir, node_ip, poll_interval), infra_image
-        )
+        engine = CriEngine(endpoint, infra_image, root_dir, node_ip, poll_interval, oom_reason_wait)
+        super().__init__(engine, infra_image)
