@@ -634,16 +634,20 @@ LAUNCH_FDS = 4
 
 def _forked_launch(fds: list[int], server_fd: int) -> int:
     config_fd, stdin_fd, out_fd, error_fd = fds
-    # The pid is answered at once, not after the child's setsid (waiting for the child to be
-    # scheduled made the server take 2.3 ms a launch in a burst, one launch at a time). Until
-    # its exec the agent kills a launcher through its pidfd as well as its process group
-    # (spawn.py's `_kill_and_reap`), so a kill before the setsid is not lost; after the exec
-    # it leads its own session, as one started by `spawn` does.
+    # The pid is answered once the child leads its own session: a kill of its process group
+    # (the agent cancelling the start, stopping the pod) must never find no such group yet,
+    # and miss it (as Popen returns only after its child's setsid, and its exec).
+    in_session, session_made = os.pipe()
     pid = os.fork()
     if pid != 0:
+        os.close(session_made)
+        os.read(in_session, 1)  # EOF: the child closed its end after setsid, or died
+        os.close(in_session)
         return pid
     try:  # the child: as `spawn` starts the launcher (Popen with start_new_session, close_fds)
+        os.close(in_session)
         os.setsid()
+        os.close(session_made)
         os.dup2(stdin_fd, 0)
         os.dup2(out_fd, 1)
         os.dup2(out_fd, 2)

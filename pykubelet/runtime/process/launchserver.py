@@ -4,11 +4,9 @@ launcher per container, instead of a Python start per container (29 -> 4 ms of C
 What this module promises:
 
 - `LaunchServer.launch` hands the server a container's instructions and stdio and returns the
-  pid of the forked launcher, which then behaves as one started by `spawn` (the error pipe's
-  EOF once it exec'd, its own session by then; right after the fork it may not lead its
-  group yet, so a kill before the exec goes through its pidfd too); it raises
-  `ServerUnavailable` when the server cannot be started or does not answer, and the caller
-  starts a launcher of its own instead;
+  pid of the forked launcher, which then behaves as one started by `spawn` (its own session,
+  the error pipe's EOF once it exec'd); it raises `ServerUnavailable` when the server cannot
+  be started or does not answer, and the caller starts a launcher of its own instead;
 - the server's children are not the agent's: `owns` tells them apart, and `reap` gets the
   wait status of one that exited (seen through its pidfd) from the server, which waits for it
   only then, so that its zombie keeps the pid while the agent kills its process group;

@@ -433,11 +433,8 @@ async def _kill_unrecorded(
 
 
 async def _kill_and_reap(pid: int, pidfd: int, server: LaunchServer | None = None) -> None:
-    """A launcher that must not go on (cancelled, stuck): killed, reaped, its pidfd closed.
-    Through its pidfd too: one forked by the launch server may not lead its group yet."""
+    """A launcher that must not go on (cancelled, stuck): killed, reaped, its pidfd closed."""
     kill_group(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError):
-        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
     try:
         await _finish(asyncio.ensure_future(_readable(pidfd)))
         await _finish(asyncio.ensure_future(reap_exited(pid, pidfd, server)))
