@@ -128,7 +128,7 @@ class ServingContext:
     server-name callback runs for every ClientHello, with or without SNI). Handshakes already
     under way keep the certificate they started with. OpenSSL then reads the rest of the
     handshake's settings (verification, ALPN) from the new context: every context is made by
-    `_new_context`, and nothing is set on the listener's alone.
+    `_new_context`, and only this callback is the listener's own.
     """
 
     def __init__(self, config: ServingConfig) -> None:

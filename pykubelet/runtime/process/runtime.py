@@ -131,7 +131,7 @@ class ProcessRuntime:
     thread per container. A plain container's fork+exec runs there too (posix_spawn, without
     the GIL); one with stdin or a terminal is fork+exec'd on the loop, as asyncio's own
     subprocess support does (it returns as soon as the child has exec'd); one that needs the
-    launcher is forked by the launch server, in its own thread.
+    launcher is forked by the launch server (asked from a thread of its own).
     """
 
     name = NAME

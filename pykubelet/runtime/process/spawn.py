@@ -22,10 +22,10 @@ What this module promises:
   which runs as root, gets only PATH.
 
 A plain container's fork+exec runs in a worker thread by posix_spawn, which lets the GIL go
-(`spawn_prepared`, posixspawn.py); the others' (stdin, a terminal, a launcher started afresh
-when the launch server is unavailable) on the event loop, as asyncio's own subprocess support
-does: it returns as soon as the child has exec'd; waiting for the launcher's report is
-asynchronous.
+(`spawn_prepared`, posixspawn.py); one with stdin or a terminal is fork+exec'd on the event
+loop, as asyncio's own subprocess support does (it returns as soon as the child has exec'd); a
+launcher is forked by the launch server or, started afresh, in a pool thread, and waiting for
+its report is asynchronous.
 """
 
 from __future__ import annotations
