@@ -11,14 +11,16 @@ These functions block (fsync): call them from a thread (`asyncio.to_thread`) whe
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 DIR_MODE = 0o700
 TMP_SUFFIX = ".tmp"
+_PID = os.getpid()
+_TMP_NUMBERS = itertools.count()  # next() on it is atomic under the GIL: safe across threads
 
 
 class StateFileError(Exception):
@@ -61,25 +63,28 @@ def write_json_many(items: list[tuple[Path, Any, Path | None, bool]]) -> list[OS
     The guarantee of the module: each file's content is fsynced before its rename, and the
     rename is durable (its directory fsynced) before this returns or its `then_remove` goes."""
     errors: list[OSError | None] = [None] * len(items)
-    dirs: dict[Path, list[int]] = {}
+    dirs: dict[str, list[int]] = {}
     for i, (path, data, _, make_dir) in enumerate(items):
+        directory, name = os.path.split(path)
         try:
             if callable(data):
                 data = data()
-            try:
-                _replace(path, data)
-            except FileNotFoundError:
-                if not make_dir:
-                    raise
-                ensure_dir(path.parent)
-                _replace(path, data)
+            if make_dir:
+                # Mostly a new pod's: made first, rather than found missing by the write.
+                try:
+                    os.mkdir(directory, DIR_MODE)
+                except FileExistsError:
+                    pass
+                except FileNotFoundError:
+                    ensure_dir(Path(directory))
+            _replace(directory, name, data)
         except OSError as e:
             errors[i] = e
             continue
-        dirs.setdefault(path.parent, []).append(i)
+        dirs.setdefault(directory, []).append(i)
     for directory, indexes in dirs.items():
         try:
-            fsync_dir(directory)
+            fsync_dir(Path(directory))
         except OSError as e:
             for i in indexes:
                 errors[i] = e
@@ -91,14 +96,22 @@ def write_json_many(items: list[tuple[Path, Any, Path | None, bool]]) -> list[OS
     return errors
 
 
-def _replace(path: Path, data: Any) -> None:
-    """The new content fsynced and renamed over `path`; the directory is not fsynced."""
+def _replace(directory: str, name: str, data: Any) -> None:
+    """The new content fsynced and renamed over `directory`/`name`; the directory is not
+    fsynced. Strings, not Paths, and no mkstemp: this runs for every state file of a burst,
+    and its Python holds the interpreter lock the event loop needs."""
     # One line, no indent: json's C encoder (with an indent it encodes in Python, the largest
     # share of a burst's state-file CPU).
     payload = json.dumps(data, sort_keys=True, separators=(",", ":")).encode() + b"\n"
-    # mkstemp creates the file 0600 and O_EXCL, in the same directory so that rename is atomic.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TMP_SUFFIX, dir=path.parent)
-    tmp = Path(tmp_name)
+    # A name no other writer uses (this process's id and a counter), made 0600 with O_EXCL as
+    # mkstemp would, in the same directory so that the rename is atomic.
+    while True:
+        tmp = os.path.join(directory, f".{name}.{_PID}.{next(_TMP_NUMBERS)}{TMP_SUFFIX}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            break
+        except FileExistsError:
+            continue  # left by an earlier process that had this pid: the next number
     try:
         try:
             view = memoryview(payload)
@@ -108,10 +121,10 @@ def _replace(path: Path, data: Any) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp, os.path.join(directory, name))
     except BaseException:
         with contextlib.suppress(OSError):
-            tmp.unlink()
+            os.unlink(tmp)
         raise
 
 
