@@ -29,6 +29,7 @@ EXPECTED = {
     "no-spec.yaml": "spec.containers: required",
     "not-dns1123.yaml": "metadata.name: invalid value 'My_Pod'",
     "nul-in-command.yaml": "spec.containers[0].command[0]: contains a NUL character",
+    "nul-in-env.json": "spec.containers[0].env[0].value: contains a NUL character",
     "nul-in-name.yaml": "metadata.name: contains a NUL character",
     "unknown-kind.yaml": "kind: expected Pod, got 'Deployment'",
     "volume-traversal.yaml": "spec.volumes[0].name: invalid value '../../etc'",
