@@ -262,7 +262,7 @@ def decode_pod(data: bytes, location: str) -> Pod:
             [FieldError("kind", "a PodList is not allowed in a manifest file: one Pod per file")],
         )
     # Text without a raw NUL (load_documents refuses one) and without a backslash has no escape
-    # that could make one: the walk over every string is skipped (a fifth of a parse).
+    # that could make one: the walk over every string is skipped (a tenth of a parse).
     return pod_from_object(doc, location, nul_free=b"\\" not in data)
 
 

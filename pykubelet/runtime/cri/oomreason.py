@@ -11,9 +11,8 @@ user sees.
 What it promises: `may_trail` picks the exits whose reason can still change (exit code 137, the
 SIGKILL, not said to be an OOM kill, finished less than `wait` seconds ago); `settle` asks the
 runtime again until it says OOMKilled, the container is gone or `wait` seconds have passed since
-the exit; `unfinished` is the
-entry as it was before the exit, what the engine reports meanwhile (engine.py), so that nothing
-waits for the settling but that exit.
+the exit; `unfinished` is the entry as it was before the exit, what the engine reports meanwhile
+(engine.py), so that nothing waits for the settling but that exit.
 A container the agent stops is not waited for (its SIGKILL is the agent's own): one stopped
 in the moment between an OOM kill and the runtime's report of its exit is told as an Error.
 """
