@@ -100,13 +100,8 @@ def spawn(
     With `start_time=False` the start time is 0, for the caller to read before the process is
     reaped (right after the fork the read waits for the child's exec). `log_fd`: the log file
     opened already (`open_log`, in a thread: creating it is a new inode), which spawn closes."""
-    if not os.path.isdir(cwd):  # Popen would say so too, but naming the file, not the problem
-        if log_fd is not None:
-            os.close(log_fd)
-        raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    log_fd = _log_in(cwd, log_path, log_fd)
     stdio = stdio or Stdio()
-    if log_fd is None:
-        log_fd = open_log(log_path)
     out = log_fd if stdio.terminal is None else stdio.terminal
     stdin: int = subprocess.DEVNULL
     if stdio.terminal is not None:
@@ -176,13 +171,7 @@ def _prepare_and_spawn(
     env: dict[str, str],
     log_path: Path,
 ) -> tuple[int, int]:
-    log_fd = prepare()
-    if not os.path.isdir(cwd):
-        if log_fd is not None:
-            os.close(log_fd)
-        raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
-    if log_fd is None:
-        log_fd = open_log(log_path)
+    log_fd = _log_in(cwd, log_path, prepare())
     try:
         null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -201,6 +190,17 @@ def _prepare_and_spawn(
         os.close(log_fd)
     pid, pidfd, _ = _watched(pid, with_start_time=False)
     return pid, pidfd
+
+
+def _log_in(cwd: str, log_path: Path, log_fd: int | None) -> int:
+    """The log file of a process to start in `cwd`: `log_fd` if opened already, else opened
+    now. A missing `cwd` is the container's RunContainerError (`log_fd` closed): the exec would
+    say so too, but naming the program, not the directory."""
+    if not os.path.isdir(cwd):
+        if log_fd is not None:
+            os.close(log_fd)
+        raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    return open_log(log_path) if log_fd is None else log_fd
 
 
 def open_log(log_path: Path) -> int:
