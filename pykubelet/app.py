@@ -26,6 +26,7 @@ from pykubelet.common.allocatable import (
     node_resources,
 )
 from pykubelet.common.events import EventRecorder, ObjectRef
+from pykubelet.common.gcpolicy import tune_collector
 from pykubelet.common.heap import trim_heap_periodically
 from pykubelet.common.machine import MachineFacts, read_machine_facts
 from pykubelet.common.options import DEFAULT_ENDPOINTS, Options
@@ -368,6 +369,7 @@ async def run_agent(opts: Options) -> int:
         log.info("kubelet API at %s", await secure.start())
         if cluster is not None:
             cluster.node.advertise_port(secure.port)
+        tune_collector()  # everything built: what follows is the pods' work
         running = [asyncio.create_task(coro, name=name) for name, coro in tasks]
         running.append(asyncio.create_task(_notify_ready(notifier, opts, pod_config, runtime.name)))
         await kubelet.run(stop)
