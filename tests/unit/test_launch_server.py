@@ -1,9 +1,11 @@
-"""The launch server: the containers that need a launcher are forked by one long-lived process,
-their exit codes still known; a server that dies is started again, and what it had started
-runs on (its exit code unknown, as after a restart of the agent)."""
+"""The launch server: the containers that need a launcher are forked by a long-lived process (one
+while they start one by one, a few when they start together), their exit codes still known; a
+server that dies is started again, and what it had started runs on (its exit code unknown, as
+after a restart of the agent)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pykubelet.runtime.base import ContainerRunState
+from pykubelet.runtime.process.launchserver import LAUNCH_SERVERS
 from pykubelet.runtime.process.runtime import UNKNOWN_REASON, ProcessRuntime
 from tests.unit.test_process_launcher import LAUNCHED, with_
 from tests.unit.test_process_runtime import (
@@ -80,3 +83,21 @@ async def test_a_server_that_died_is_started_again(rt: ProcessRuntime) -> None:
     kill_quietly(before.pid)
     got = await wait_exited(rt, before)
     assert got.reason == UNKNOWN_REASON
+
+
+async def test_containers_started_together_are_forked_by_a_few_servers_their_exits_known(
+    rt: ProcessRuntime,
+) -> None:
+    pods = [await new_pod(rt, f"pod{i}") for i in range(12)]  # one pod's starts are serialized
+    started = await asyncio.gather(
+        *(
+            rt.start_container(pod, sb, with_(sh(f"exit {10 + i}", name="c"), **LAUNCHED))
+            for i, (pod, sb) in enumerate(pods)
+        )
+    )
+    running = servers()
+    assert 1 <= len(running) <= LAUNCH_SERVERS, running
+    for i, container in enumerate(started):
+        # Each exit is asked of the server that forked it.
+        got = await wait_exited(rt, container)
+        assert (got.exit_code, got.reason) == (10 + i, "Error")
