@@ -97,8 +97,16 @@ class LaunchError(Exception):
         self.errno = errno
 
 
+_LIBC: Any = None
+
+
 def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
+    """The C library, loaded once per process: a launch server loads it (and the functions a
+    launch calls) before it forks, and each launcher inherits them ready (0.13 ms a launch)."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+    return _LIBC
 
 
 def _check(result: int, stage: str, what: str) -> None:
@@ -590,13 +598,24 @@ def restore_signals() -> None:
             _signal.signal(number, _signal.SIG_DFL)
 
 
+def _read_all(fd: int) -> bytes:
+    """`fd` read to its end, then closed (os.read: a file object costs a forked launcher as much
+    as the read)."""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def run_launch(config_fd: int, error_fd: int | None) -> None:
     """Read the instructions, follow them and exec; never returns: a failure is reported (on
     error_fd, else on stderr) and the process exits EXIT_FAILED."""
     report: dict[str, Any]
     try:
-        with os.fdopen(config_fd, "rb") as f:
-            config = marshal.loads(f.read())
+        config = marshal.loads(_read_all(config_fd))
         launch(config, error_fd)
         report = {"stage": "launcher", "errno": None, "message": "exec returned"}
     except LaunchError as e:
@@ -628,6 +647,7 @@ def run_launch(config_fd: int, error_fd: int | None) -> None:
 # The server dies with the agent (PR_SET_PDEATHSIG); its children, the containers, run on.
 
 PR_SET_PDEATHSIG = 1
+LAUNCH_CALLS = ("unshare", "mount", "umount2", "syscall", "prctl", "setns")
 SIGKILL = 9
 LAUNCH_FDS = 4
 
@@ -676,6 +696,9 @@ def serve(socket_fd: int, agent_pid: int) -> None:
     if os.getppid() != agent_pid:
         os._exit(0)  # the agent died before the line above
     server = socket.socket(fileno=socket_fd)
+    libc = _libc()
+    for name in LAUNCH_CALLS:
+        getattr(libc, name)  # looked up once here, not in every launcher
     while True:
         data, fds, _, _ = socket.recv_fds(server, 4096, LAUNCH_FDS)
         if not data:
