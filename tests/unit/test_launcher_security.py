@@ -23,6 +23,8 @@ from tests.unit.test_process_runtime import config, new_pod, sh, wait_exited, wa
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the launcher's features need root")
 
 MNT_DETACH = 2
+MS_SHARED = 1 << 20
+SERVED: dict[str, object] = {"supplemental_groups": [4321]}  # a launcher, not a plain start
 PRELOAD = "/nonexistent/pykubelet-preload.so"
 
 
@@ -253,6 +255,39 @@ async def test_container_namespace_holds_no_other_pods_tmpfs(
         assert str(pods) not in mounted, mounted
         assert len(mount_options(c.pid, target)) == 1
         await rt.stop_container(c, grace_seconds=5)
+
+
+async def test_a_volume_mounted_after_the_launch_server_started_is_seen_whole_and_private(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    """The launch server's namespace holds no pod's volume (the host's of its start, less the
+    pods directory): a container's volume comes cloned from the agent's namespace, as it is
+    at the start, and not as a peer of the host's mount."""
+    from tests.unit.test_launch_server import servers
+
+    pod, sb = await new_pod(rt)
+    first = await rt.start_container(pod, sb, with_(sh("exec sleep 60", name="first"), **SERVED))
+    [server] = servers()
+    assert os.readlink(f"/proc/{server}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    pods = tmp_path / "pods"
+    own = pods / pod.uid / "volumes" / "kubernetes.io~secret" / "token"
+    with tmpfs(own):
+        (own / "key").write_text("mine\n")
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.mount(None, os.fsencode(own), None, MS_SHARED, None) == 0
+        assert not mounts_under(server, tmp_path, "/pods/")
+        target = tmp_path / "secret"
+        cfg = with_(
+            sh(f"cat {target}/key; exec sleep 60", name="second"),
+            mounts=[VolumeMount(str(own), str(target), read_only=True)],
+        )
+        c = await rt.start_container(pod, sb, cfg)
+        assert c.pid is not None
+        await wait_log(rt, c, b"mine\n")
+        [line] = [x for x in mountinfo(c.pid).splitlines() if x.split()[4] == str(target)]
+        assert "shared:" not in line and "master:" not in line, line
+        await rt.stop_container(c, grace_seconds=5)
+    await rt.stop_container(first, grace_seconds=5)
 
 
 async def test_the_pods_directory_is_a_mount_of_its_own_while_the_runtime_runs(

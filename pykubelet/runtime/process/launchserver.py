@@ -36,6 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pykubelet.runtime.process.launcher import MAX_TREES
+
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,12 @@ class LaunchServer:
     first idle one, and a server is started only when every one before it is busy (a node that
     starts its containers one by one keeps a single server)."""
 
-    def __init__(self, env: dict[str, str], servers: int = LAUNCH_SERVERS) -> None:
-        self._servers = [_Server(env) for _ in range(max(1, servers))]
+    def __init__(
+        self, env: dict[str, str], servers: int = LAUNCH_SERVERS, pods_dir: str | None = None
+    ) -> None:
+        """`pods_dir`: where the pods' volumes are mounted, which the servers' own mount
+        namespace leaves out (launcher.py)."""
+        self._servers = [_Server(env, pods_dir) for _ in range(max(1, servers))]
         self._thread: ThreadPoolExecutor | None = None
 
     def owns(self, pid: int) -> bool:
@@ -74,11 +80,16 @@ class LaunchServer:
             self._thread = ThreadPoolExecutor(threads, thread_name_prefix="launch-server")
         return asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def launch(self, config_fd: int, stdin_fd: int, out_fd: int, error_fd: int) -> int:
-        """Fork a launcher reading `config_fd`; its pid. The fds stay the caller's to close."""
+    def launch(
+        self, config_fd: int, stdin_fd: int, out_fd: int, error_fd: int, trees: list[int]
+    ) -> int:
+        """Fork a launcher reading `config_fd`, given the mount `trees`; its pid. The fds stay
+        the caller's to close."""
+        if len(trees) > MAX_TREES:
+            raise ServerUnavailable(f"{len(trees)} mounts: more fds than one message carries")
         server = self._idle()
         try:
-            return server.launch(config_fd, stdin_fd, out_fd, error_fd)
+            return server.launch([config_fd, stdin_fd, out_fd, error_fd, *trees])
         finally:
             server.release()
 
@@ -118,8 +129,9 @@ class _Server:
     """One launch server process and its socket; every other method is called between
     `acquire` and `release`, one request at a time (`owns` at any time)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], pods_dir: str | None) -> None:
         self._env = env
+        self._pods_dir = pods_dir
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
@@ -135,9 +147,9 @@ class _Server:
     def owns(self, pid: int) -> bool:
         return pid in self._children
 
-    def launch(self, config_fd: int, stdin_fd: int, out_fd: int, error_fd: int) -> int:
+    def launch(self, fds: list[int]) -> int:
         server = self._started()
-        answer = self._ask(server, ("launch",), [config_fd, stdin_fd, out_fd, error_fd])
+        answer = self._ask(server, ("launch",), fds)
         if answer[0] != "launched":
             raise ServerUnavailable(f"the launch server refused: {answer[1]}")
         pid = int(answer[1])
@@ -165,7 +177,13 @@ class _Server:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._proc = subprocess.Popen(
-                [*LAUNCHER_ARGV, "--server", str(theirs.fileno()), str(os.getpid())],
+                [
+                    *LAUNCHER_ARGV,
+                    "--server",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                    *([self._pods_dir] if self._pods_dir else []),
+                ],
                 # 0 and 1 open, so that no fd it receives takes their place; its stderr is
                 # the agent's, for a traceback should it ever crash.
                 stdin=subprocess.DEVNULL,

@@ -171,7 +171,7 @@ class ProcessRuntime:
         self._rotator = LogRotator()
         self._state = StateWriter()
         # Forks the launchers of the containers that need one (launchserver.py).
-        self._launcher = LaunchServer(dict(LAUNCHER_ENV))
+        self._launcher = LaunchServer(dict(LAUNCHER_ENV), pods_dir=str(self._volumes_dir))
 
     # --- lifecycle ------------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from typing import Any
 from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFailure, StartError
 from pykubelet.runtime.process import posixspawn, statefile
 from pykubelet.runtime.process.hostexec import run_command
+from pykubelet.runtime.process.launcher import clone_tree, trees_supported
 from pykubelet.runtime.process.launchserver import (
     LAUNCHER_ARGV,
     LaunchServer,
@@ -355,6 +356,36 @@ def _memfd(name: str, data: dict[str, Any]) -> int:
     return fd
 
 
+@cache
+def _can_clone_trees() -> bool:
+    return trees_supported()
+
+
+def _clone_trees(launch: dict[str, Any]) -> list[int]:
+    """Each bind's source as the agent's namespace has it, cloned (open_tree) for the launcher
+    to move into place: a launch server's namespace has no pod's volume (launcher.py). Each
+    mount gets the index of its tree; none where the kernel cannot (Linux < 5.2)."""
+    mounts = launch["mounts"]
+    if not mounts or not _can_clone_trees():
+        return []
+    trees: list[int] = []
+    try:
+        for m in mounts:
+            source, target = m["source"], m["target"]
+            try:
+                trees.append(clone_tree(source))
+            except OSError as e:
+                why = f"{source} is missing" if e.errno == errno.ENOENT else e.strerror
+                message = f"cannot mount {source} at {target}: {why}"
+                raise StartError("RunContainerError", message) from None
+            m["tree"] = len(trees) - 1
+    except BaseException:
+        for fd in trees:
+            os.close(fd)
+        raise
+    return trees
+
+
 def _start_launcher(
     launch: dict[str, Any], log_path: Path, stdio: Stdio | None, server: LaunchServer | None
 ) -> tuple[int, int, int, int]:
@@ -362,34 +393,51 @@ def _start_launcher(
 
     The instructions go through a memfd (no size limit, nothing on disk, no shell); the error
     pipe's write end is close-on-exec in the launcher, so EOF without data means it exec'd."""
-    try:
-        config_fd = _memfd("pykubelet-launch", launch)
-    except OSError as e:
-        raise RuntimeFailure(f"cannot pass the launcher its instructions: {e}") from e
-    err_r, err_w = os.pipe()
+    trees = _clone_trees(launch)
     try:
         try:
-            if server is None:
-                raise ServerUnavailable("no launch server")
-            pid, pidfd, start_time = _start_served(server, config_fd, err_w, log_path, stdio)
-        except ServerUnavailable:
-            argv = [*LAUNCHER_ARGV, str(config_fd), str(err_w)]
-            # "/" as the launcher's cwd: it enters the container's own after the mounts, and
-            # reports a missing one as the container's error.
-            pid, pidfd, start_time = spawn(
-                argv, "/", dict(LAUNCHER_ENV), log_path, pass_fds=(config_fd, err_w), stdio=stdio
-            )
-    except BaseException:
-        os.close(err_r)
-        raise
+            config_fd = _memfd("pykubelet-launch", launch)
+        except OSError as e:
+            raise RuntimeFailure(f"cannot pass the launcher its instructions: {e}") from e
+        err_r, err_w = os.pipe()
+        try:
+            try:
+                if server is None:
+                    raise ServerUnavailable("no launch server")
+                pid, pidfd, start_time = _start_served(
+                    server, config_fd, err_w, log_path, stdio, trees
+                )
+            except ServerUnavailable:
+                argv = [*LAUNCHER_ARGV, str(config_fd), str(err_w), *map(str, trees)]
+                # "/" as the launcher's cwd: it enters the container's own after the mounts,
+                # and reports a missing one as the container's error.
+                pid, pidfd, start_time = spawn(
+                    argv,
+                    "/",
+                    dict(LAUNCHER_ENV),
+                    log_path,
+                    pass_fds=(config_fd, err_w, *trees),
+                    stdio=stdio,
+                )
+        except BaseException:
+            os.close(err_r)
+            raise
+        finally:
+            os.close(config_fd)
+            os.close(err_w)
     finally:
-        os.close(config_fd)
-        os.close(err_w)
+        for fd in trees:
+            os.close(fd)
     return pid, pidfd, start_time, err_r
 
 
 def _start_served(
-    server: LaunchServer, config_fd: int, err_w: int, log_path: Path, stdio: Stdio | None
+    server: LaunchServer,
+    config_fd: int,
+    err_w: int,
+    log_path: Path,
+    stdio: Stdio | None,
+    trees: list[int],
 ) -> tuple[int, int, int]:
     """A launcher forked by the launch server, with the stdio `spawn` would give it."""
     stdio = stdio or Stdio()
@@ -403,7 +451,7 @@ def _start_served(
             stdin = stdio.stdin
         else:
             stdin = null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        pid = server.launch(config_fd, stdin, out, err_w)
+        pid = server.launch(config_fd, stdin, out, err_w, trees)
     finally:
         os.close(log_fd)
         if null_fd is not None:
