@@ -195,14 +195,17 @@ spec:
     resources: {{limits: {{cpu: 500m}}}}
     volumeMounts: [{{name: podinfo, mountPath: /media}}]
 """,
-        # .../assign-memory-resource/ "memory-demo-2": more than its limit, OOMKilled
+        # .../assign-memory-resource/ "memory-demo-2": more than its limit, OOMKilled. It
+        # sleeps first, as Kubernetes' own OOM e2e test does (kubernetes#116082): containerd
+        # 1.6's CRI plugin drops a TaskOOM event that comes before StartContainer has returned
+        # (containerd#8180), and the container is then an Error for good, whatever the agent.
         "memory-demo-2": """
 spec:
   restartPolicy: Never
   containers:
   - name: memory-demo-2-ctr
     image: busybox:test
-    command: [sh, -c, "exec dd if=/dev/zero of=/dev/null bs=200M count=1"]
+    command: [sh, -c, "sleep 1; exec dd if=/dev/zero of=/dev/null bs=200M count=1"]
     resources:
       requests: {memory: 16Mi}
       limits: {memory: 32Mi}

@@ -6,7 +6,8 @@ may reach the CRI plugin in either order. Until the kill's event is handled, Con
 reason "Error" for a container the kernel killed; once it is, "OOMKilled". The kubelet does not
 look again at a terminated container whose state did not change, and a pod that ends with it
 (restartPolicy Never) keeps the status it ended with, so the first reason read is the one a
-user sees.
+user sees. (A kill that comes while StartContainer has not returned yet is lost by containerd
+1.6 altogether, containerd#8180: that container stays an Error, as under the kubelet.)
 
 What it promises: `may_trail` picks the exits whose reason can still change (exit code 137, the
 SIGKILL, not said to be an OOM kill, finished less than `wait` seconds ago); `settle` asks the
