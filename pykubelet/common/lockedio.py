@@ -6,7 +6,7 @@ runs Python. A thread that makes a burst of short calls (a state file is eight: 
 fsync, close, rename, and the directory's open, fsync, close) then spends most of its time
 waiting. Measured with another thread running Python: 43 ms a state file, 0.19 ms without.
 The calls here keep the lock, through the C library (ctypes.PyDLL): use them for what takes
-microseconds on a local file system (open, read and write of a small file, close, rename), and
+microseconds on a local file system (open, a small file's write, close, rename), and
 `os` for what may wait for a disk (fsync).
 
 They raise OSError (its subclass by errno, as `os` does) naming the path. Linux only.
@@ -23,9 +23,6 @@ _LIBC = ctypes.PyDLL(None, use_errno=True)
 _open = _LIBC.open  # variadic (the mode): int arguments pass as fixed ones do on Linux
 _open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
 _open.restype = ctypes.c_int
-_read = _LIBC.read
-_read.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-_read.restype = ctypes.c_ssize_t
 _write = _LIBC.write
 _write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
 _write.restype = ctypes.c_ssize_t
@@ -35,8 +32,6 @@ _close.restype = ctypes.c_int
 _rename = _LIBC.rename
 _rename.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
 _rename.restype = ctypes.c_int
-
-READ_CHUNK = 64 * 1024
 
 
 def _failed(path: str) -> OSError:
@@ -68,25 +63,6 @@ def write_all(fd: int, payload: bytes, path: str) -> None:
                 continue
             raise _failed(path)
         payload = payload[written:]
-
-
-def read_file(path: str) -> bytes:
-    """The whole file at `path` (opened close-on-exec, read to its end)."""
-    fd = open_fd(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks: list[bytes] = []
-        buffer = ctypes.create_string_buffer(READ_CHUNK)
-        while True:
-            got = int(_read(fd, buffer, READ_CHUNK))
-            if got < 0:
-                if ctypes.get_errno() == errno.EINTR:
-                    continue
-                raise _failed(path)
-            if got == 0:
-                return b"".join(chunks)
-            chunks.append(buffer.raw[:got])
-    finally:
-        close_fd(fd, path)
 
 
 def rename(source: str, target: str) -> None:

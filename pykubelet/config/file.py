@@ -28,7 +28,6 @@ from pykubelet.api.model import Pod
 from pykubelet.api.static import apply_static_defaults
 from pykubelet.common import metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
-from pykubelet.common.lockedio import read_file
 from pykubelet.config.types import FILE_SOURCE, Op, PodUpdate
 
 log = logging.getLogger(__name__)
@@ -186,9 +185,7 @@ class ManifestDirectory:
     ) -> _Entry:
         last_good = previous.pod if previous else None
         try:
-            # Read holding the interpreter lock (common/lockedio.py): a burst's thousand
-            # reads would otherwise each wait for the loop to let it go, three times a file.
-            pod = decode_pod(read_file(str(path)), str(path))
+            pod = decode_pod(path.read_bytes(), str(path))
             pod = apply_static_defaults(pod, self.node_name, FILE_SOURCE, str(path))
         except ManifestError as exc:
             return _Entry(signature, last_good, exc)
