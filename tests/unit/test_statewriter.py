@@ -41,3 +41,23 @@ async def test_a_bad_file_fails_alone(tmp_path: Path) -> None:
     assert all(json.loads(p.read_text()) == {"ok": True} for p in good)
     with pytest.raises(FileNotFoundError):
         await writer.write(tmp_path / "missing" / "y.json", {})
+
+
+async def test_a_large_batch_split_among_threads_gives_each_file_its_own_result(
+    tmp_path: Path,
+) -> None:
+    writer = StateWriter()
+    paths = [tmp_path / ("missing" if i % 37 == 5 else f"pod{i}") / f"{i}.json" for i in range(300)]
+    for p in paths:
+        if p.parent.name != "missing":
+            p.parent.mkdir(exist_ok=True)
+    results = await asyncio.gather(
+        *(writer.write(p, {"n": i}) for i, p in enumerate(paths)), return_exceptions=True
+    )
+    for i, (p, result) in enumerate(zip(paths, results, strict=True)):
+        if p.parent.name == "missing":
+            assert isinstance(result, FileNotFoundError), (i, result)
+        else:
+            assert result is None, (i, result)
+            assert json.loads(p.read_text()) == {"n": i}
+    await asyncio.to_thread(writer.close)

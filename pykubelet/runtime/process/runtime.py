@@ -245,6 +245,7 @@ class ProcessRuntime:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         # Its children run on: reaped by init once it is gone, as after an agent's SIGKILL.
         await asyncio.to_thread(self._launcher.close)
+        await asyncio.to_thread(self._state.close)
         self._pods.clear()
         self._changed()
         self._pod_locks.clear()

@@ -4,11 +4,17 @@ together in the next, in one thread hop and with one directory fsync per directo
 A burst of 100 container starts otherwise queues 100 writes (each two fsyncs and a thread hop)
 on the default executor, ahead of every other blocking call of the agent. Each write keeps the
 guarantee of `statefile.write_json_many`: when `write` returns, the file is durable.
+
+A large batch is split among a few threads of the writer's own: its fsyncs are independent, and
+the disk takes them side by side (1,000 sandbox records in new directories: 237 ms from one
+thread, 101 ms from eight). Every pod's first step waits for its sandbox record, so in a burst
+all of them wait for that one batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +25,10 @@ _Item = tuple[Path, Any, Path | None, bool, "asyncio.Future[None]"]
 # Batches on disk at once: a few in parallel let the filesystem commit their fsyncs together
 # (one thread fsyncing a whole burst in turn was slower than the old thread per write).
 FLUSHERS = 4
+# A batch larger than this goes to the threads in parts of at least this many files, at most
+# SPLIT_THREADS of them.
+SPLIT_AT = 32
+SPLIT_THREADS = 8
 
 
 class StateWriter:
@@ -29,6 +39,7 @@ class StateWriter:
         self._pending: list[_Item] = []
         self._flushers = 0  # counted down in the flusher itself: none ends unseen
         self._tasks: set[asyncio.Task[None]] = set()
+        self._threads: ThreadPoolExecutor | None = None
 
     async def write(
         self, path: Path, data: Any, then_remove: Path | None = None, make_dir: bool = False
@@ -52,9 +63,7 @@ class StateWriter:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    errors = await asyncio.to_thread(
-                        statefile.write_json_many, [(p, d, r, m) for p, d, r, m, _ in batch]
-                    )
+                    errors = await self._write(batch)
                 except BaseException as e:
                     # Cancelled (the agent stops): the writers are, as their own to_thread
                     # would have been; the thread still finishes the batch.
@@ -76,3 +85,27 @@ class StateWriter:
             # No await between the last look at _pending and this: a write queued meanwhile
             # found this flusher counted and running, and was taken by the loop above.
             self._flushers -= 1
+
+    async def _write(self, batch: list[_Item]) -> list[OSError | None]:
+        """The batch written in up to SPLIT_THREADS parts at once; each file's error."""
+        items = [(p, d, r, m) for p, d, r, m, _ in batch]
+        parts = min(SPLIT_THREADS, len(items) // SPLIT_AT) or 1
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(SPLIT_THREADS, thread_name_prefix="state-writer")
+        loop = asyncio.get_running_loop()
+        written = await asyncio.gather(
+            *(
+                loop.run_in_executor(self._threads, statefile.write_json_many, items[i::parts])
+                for i in range(parts)
+            )
+        )
+        errors: list[OSError | None] = [None] * len(items)
+        for i, part_errors in enumerate(written):
+            errors[i::parts] = part_errors
+        return errors
+
+    def close(self) -> None:
+        """Its threads let go once what they write is written (blocks: call it in a thread)."""
+        threads, self._threads = self._threads, None
+        if threads is not None:
+            threads.shutdown(wait=True)
