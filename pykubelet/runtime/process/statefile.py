@@ -7,9 +7,9 @@ and logs may hold secrets (environment values, command lines).
 
 These functions block (fsync): call them from a thread (`asyncio.to_thread`) when latency matters.
 
-Open, write, close and rename keep the interpreter lock (`common/lockedio.py`): a burst's
-state files were written at 43 ms a file while the loop ran Python, 12 ms now. fsync, which
-waits for the disk, still lets it go.
+Open, write, close and rename keep the interpreter lock (`common/lockedio.py`): with another
+thread running Python a state file took 43 ms, each of its calls waiting to have the lock back;
+12 ms now. fsync, which waits for the disk, still lets it go.
 """
 
 from __future__ import annotations
