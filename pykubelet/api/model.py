@@ -22,9 +22,10 @@ class ApiModel(BaseModel):
         validate_assignment=False,
     )
 
-    def to_api(self) -> dict[str, Any]:
-        """The object as the API server would serialise it (camelCase, no nulls)."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+    def to_api(self, exclude: set[str] | None = None) -> dict[str, Any]:
+        """The object as the API server would serialise it (camelCase, no nulls), without the
+        fields named in `exclude` (by their Python names)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json", exclude=exclude)
 
 
 class OwnerReference(ApiModel):

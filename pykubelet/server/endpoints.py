@@ -152,8 +152,7 @@ class _PodJson:
 
 
 def _pod_without_status(pod: Pod) -> bytes:
-    data = pod.model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"status"})
-    return json.dumps(data, separators=(",", ":")).encode()
+    return json.dumps(pod.to_api(exclude={"status"}), separators=(",", ":")).encode()
 
 
 def _status_json(status: PodStatus) -> bytes:
