@@ -1,13 +1,16 @@
 """The one client of the Kubernetes API server: every request of the agent goes through here.
 
 `KubeApi` wraps `kubernetes.aio` (the official client's asyncio API; untyped, so this is the
-typed boundary). Requests go through its ApiClient (configuration, TLS) with JSON in and out as
-plain dicts: the generated models would re-serialise a MicroTime such as a Lease's renewTime
-without its six fractional digits, which a real API server rejects. The watch is the client's
-`Watch`, which asks for bookmarks and surfaces a 410 as an exception; the single-object watches
-of ConfigMaps and Secrets (many at once) read the stream themselves (`watch_namespaced`), on a
-pool of connections of their own with no size limit (each holds one: HTTP/1.1 has no streams to
-share it). Every request first takes a token from one bucket (--kube-api-qps, --kube-api-burst:
+typed boundary). Requests go through its REST client (configuration, TLS, proxy, the aiohttp
+session) with JSON in and out as plain dicts: the generated models would re-serialise a
+MicroTime such as a Lease's renewTime without its six fractional digits, which a real API server
+rejects. The URL and headers are made here, not by the ApiClient's `param_serialize`, which
+walks every body, header and query value in Python first. A watch asks for bookmarks and reads
+its stream a line an event, one JSON decode each (the client's `Watch` decoded each event,
+encoded its object again and decoded that: most of the agent's watch CPU in a burst); a 410 is
+an ApiError. The single-object watches of ConfigMaps and Secrets (many at once) are on a pool of
+connections of their own with no size limit (each holds one: HTTP/1.1 has no streams to share
+it). Every request first takes a token from one bucket (--kube-api-qps, --kube-api-burst:
 the kubelet's defaults are 50 per second, bursts of 100) unless it brings its own (the events'
 client, --event-qps).
 
@@ -45,7 +48,6 @@ T = TypeVar("T")
 
 REQUEST_TIMEOUT = 30.0
 REQUEST_CONNECTIONS = 100  # the requests' pool (client-go's HTTP/2 shares one connection)
-OBJECT_WATCHES = "objects"  # the key of the object watches' ApiClient among the watchers
 # A watch that carries nothing, not even a bookmark (an API server sends one about every minute),
 # for this long is taken for a dead connection (half-open: no reset ever comes) and resumed.
 WATCH_IDLE_TIMEOUT = 150.0
@@ -207,26 +209,20 @@ def env_proxy(url: str) -> str | None:
     return proxy
 
 
-def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any, dict[str, Any]]:
+def _build_client(cfg: Any, user_agent: str) -> tuple[Any, Any]:
+    """The requests' ApiClient (whose pool the pods' and Services' watches share) and the
+    single-object watches' (built in a thread: each reads the CA files)."""
     kube: Any = importlib.import_module("kubernetes.aio.client")
-    kube_watch: Any = importlib.import_module("kubernetes.aio.watch")
     cfg.connection_pool_maxsize = REQUEST_CONNECTIONS
     client = kube.ApiClient(cfg)  # builds the SSL context: reads CA files
     client.user_agent = user_agent
-    core = kube.CoreV1Api(client)
-    # A Watch decodes with an ApiClient of its own (the default configuration; never used
-    # for requests). Built here, off the event loop, once per resource watched (pods, services).
-    watchers: dict[str, Any] = {
-        kind: kube_watch.Watch(return_type="object") for kind in ("pods", "services")
-    }
     # The single-object watches (ConfigMaps, Secrets) on a pool of their own with no limit
     # (aiohttp's 0): each holds a connection for its life, and in the requests' pool 100 of
     # them would leave no connection for a request. The same configuration: the same token.
     cfg.connection_pool_maxsize = 0
     objects = kube.ApiClient(cfg)
     objects.user_agent = user_agent
-    watchers[OBJECT_WATCHES] = objects
-    return client, core, watchers
+    return client, objects
 
 
 async def _within_idle(read: Awaitable[T], idle_timeout: float) -> T:
@@ -272,8 +268,7 @@ class KubeApi:
     def __init__(
         self,
         client: Any,
-        core: Any,
-        watchers: dict[str, Any],
+        objects: Any,
         host: str,
         qps: float = 50,
         burst: int = 100,
@@ -283,11 +278,10 @@ class KubeApi:
         user_agent: str = "",
     ) -> None:
         self._client = client
-        self._core = core
-        self._watchers = watchers  # resource -> its Watch: one watch of each at a time
+        self._objects = objects  # the single-object watches' client
         self.host = host
         self.limiter = RateLimiter(qps, burst)
-        self._watching: set[str] = set()
+        self._watching: set[str] = set()  # the pods' and Services' watches: one each at a time
         self.credentials = credentials
         self._kubeconfig = kubeconfig
         self._user_agent = user_agent
@@ -316,11 +310,10 @@ class KubeApi:
             raise ConfigError(str(exc)) from None
         cfg = await asyncio.to_thread(_load_configuration, kubeconfig, creds)
         agent = f"pykubelet/{__version__} (linux) node/{node_name}"
-        client, core, watchers = await asyncio.to_thread(_build_client, cfg, agent)
+        client, objects = await asyncio.to_thread(_build_client, cfg, agent)
         return cls(
             client,
-            core,
-            watchers,
+            objects,
             str(cfg.host),
             qps,
             burst,
@@ -353,14 +346,13 @@ class KubeApi:
                 self.credentials = creds = fresh
             generation = creds.generation
             cfg = await asyncio.to_thread(_load_configuration, self._kubeconfig, creds)
-            client, core, watchers = await asyncio.to_thread(_build_client, cfg, self._user_agent)
-            old_client, old_watchers = self._client, self._watchers
-            self._client, self._core, self._watchers = client, core, watchers
+            client, objects = await asyncio.to_thread(_build_client, cfg, self._user_agent)
+            old_client, old_objects = self._client, self._objects
+            self._client, self._objects = client, objects
             self._generation = generation
         try:
             await old_client.close()
-            for watcher in old_watchers.values():
-                await watcher.close()
+            await old_objects.close()
         except Exception:
             log.debug("closing the old API client failed", exc_info=True)
 
@@ -390,8 +382,7 @@ class KubeApi:
     async def close(self) -> None:
         try:
             await self._client.close()
-            for watcher in self._watchers.values():
-                await watcher.close()
+            await self._objects.close()
         except Exception:
             log.debug("closing the API client failed", exc_info=True)
         if self.credentials is not None:
@@ -440,20 +431,36 @@ class KubeApi:
         content_type: str,
         request_timeout: float,
     ) -> tuple[int, bytes]:
+        client = self._client
+        headers = self._headers(client, content_type)
         try:
-            params = await self._client.param_serialize(
-                method=method,
-                resource_path=path,
-                query_params=query,
-                header_params={"Accept": "application/json", "Content-Type": content_type},
+            resp = await client.rest_client.request(
+                method,
+                self._url(client, path, query),
+                headers=headers,
                 body=body,
-                auth_settings=["BearerToken"],
+                _request_timeout=request_timeout,
             )
-            resp = await self._client.call_api(*params, _request_timeout=request_timeout)
             raw: bytes = await resp.read()
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc) from None
         return int(resp.status), raw
+
+    @staticmethod
+    def _url(client: Any, path: str, query: list[tuple[str, Any]]) -> str:
+        url = str(client.configuration.host) + path
+        return f"{url}?{urllib.parse.urlencode(query)}" if query else url
+
+    @staticmethod
+    def _headers(client: Any, content_type: str | None = None) -> dict[str, str]:
+        """The client's own (User-Agent) and the bearer token `_authenticate` set on it."""
+        headers = {**client.default_headers, "Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        token = client.configuration.api_key.get("BearerToken")
+        if token:
+            headers["Authorization"] = token
+        return headers
 
     async def get(self, path: str) -> Obj:
         return await self.request("GET", path)
@@ -509,7 +516,7 @@ class KubeApi:
             "GET", f"/api/v1/namespaces/{namespace}/{resource}", query=query, request_timeout=60.0
         )
 
-    async def watch_namespaced(
+    def watch_namespaced(
         self,
         resource: str,
         namespace: str,
@@ -519,28 +526,98 @@ class KubeApi:
         idle_timeout: float = WATCH_IDLE_TIMEOUT,
     ) -> AsyncIterator[Obj]:
         """The watch events of a core resource in one namespace, as `_watch`'s; any number at
-        once (the single-object watches of ConfigMaps and Secrets). The stream is read here, a
-        line an event, as the client's `Watch` would, without an ApiClient of its own each."""
+        once (the single-object watches of ConfigMaps and Secrets), on their own pool."""
+        return self._watch(
+            self._objects,
+            f"/api/v1/namespaces/{namespace}/{resource}",
+            [("fieldSelector", field_selector)],
+            resource_version,
+            timeout_seconds,
+            idle_timeout,
+        )
+
+    def watch_pods(
+        self,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> AsyncIterator[Obj]:
+        """The pods' watch events (see `_watch`); one such watch at a time."""
+        return self._watch_one(
+            "pods",
+            "/api/v1/pods",
+            [("fieldSelector", field_selector)],
+            resource_version,
+            timeout_seconds,
+            idle_timeout,
+        )
+
+    def watch_services(
+        self,
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float = WATCH_IDLE_TIMEOUT,
+    ) -> AsyncIterator[Obj]:
+        """The watch events of the Services of all namespaces (see `_watch`); one at a time."""
+        return self._watch_one(
+            "services", "/api/v1/services", [], resource_version, timeout_seconds, idle_timeout
+        )
+
+    async def _watch_one(
+        self,
+        kind: str,
+        path: str,
+        query: list[tuple[str, Any]],
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float,
+    ) -> AsyncIterator[Obj]:
+        assert kind not in self._watching, f"one {kind} watch at a time"
+        self._watching.add(kind)
+        try:
+            async for event in self._watch(
+                self._client, path, query, resource_version, timeout_seconds, idle_timeout
+            ):
+                yield event
+        finally:
+            self._watching.discard(kind)
+
+    async def _watch(
+        self,
+        client: Any,
+        path: str,
+        query: list[tuple[str, Any]],
+        resource_version: str,
+        timeout_seconds: int,
+        idle_timeout: float,
+    ) -> AsyncIterator[Obj]:
+        """The watch events (`type`, `object` as a dict) of `path` through `client`; ends when
+        the server ends the stream.
+
+        Raises ApiError: the server's status when it refuses the watch, 410 (from an ERROR
+        event) when the version is too old; 0 when the connection broke or was silent for
+        `idle_timeout`; reason "TooLong" for an event over the client's line buffer, as
+        resuming would hit it again: re-list.
+        """
         await self.limiter.acquire()
         token = await self._authenticate()
         query = [
-            ("fieldSelector", field_selector),
+            *query,
             ("resourceVersion", resource_version),
             ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", timeout_seconds),
             ("watch", "true"),
         ]
-        path = f"/api/v1/namespaces/{namespace}/{resource}"
-        client = self._watchers[OBJECT_WATCHES]
         try:
-            params = await client.param_serialize(
-                method="GET",
-                resource_path=path,
-                query_params=query,
-                header_params={"Accept": "application/json"},
-                auth_settings=["BearerToken"],
+            resp = await client.rest_client.request(
+                "GET",
+                self._url(client, path, query),
+                headers=self._headers(client),
+                # The client's own deadline for the whole stream: past the server's, so a
+                # half-open connection is noticed without cutting a healthy one.
+                _request_timeout=timeout_seconds + 30.0,
             )
-            resp = await client.call_api(*params, _request_timeout=timeout_seconds + 30.0)
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc) from None
         except RuntimeError as exc:  # "Session is closed": the client was rebuilt meanwhile
@@ -563,91 +640,3 @@ class KubeApi:
                 yield _watch_event(status, line)
         finally:
             raw.close()
-
-    def watch_pods(
-        self,
-        field_selector: str,
-        resource_version: str,
-        timeout_seconds: int,
-        idle_timeout: float = WATCH_IDLE_TIMEOUT,
-    ) -> AsyncIterator[Obj]:
-        """The pods' watch events (see `_watch`)."""
-        return self._watch(
-            "pods",
-            self._core.list_pod_for_all_namespaces,
-            resource_version,
-            timeout_seconds,
-            idle_timeout,
-            field_selector=field_selector,
-        )
-
-    def watch_services(
-        self,
-        resource_version: str,
-        timeout_seconds: int,
-        idle_timeout: float = WATCH_IDLE_TIMEOUT,
-    ) -> AsyncIterator[Obj]:
-        """The watch events of the Services of all namespaces (see `_watch`)."""
-        return self._watch(
-            "services",
-            self._core.list_service_for_all_namespaces,
-            resource_version,
-            timeout_seconds,
-            idle_timeout,
-        )
-
-    async def _watch(
-        self,
-        kind: str,
-        list_function: Any,
-        resource_version: str,
-        timeout_seconds: int,
-        idle_timeout: float,
-        **selectors: str,
-    ) -> AsyncIterator[Obj]:
-        """The watch events (`type`, `object` as a dict); ends when the server ends the stream.
-
-        Raises ApiError: 410 when the version is too old; 0 when the connection broke or was
-        silent for `idle_timeout`; reason "TooLong" for an event over the client's line buffer
-        (2 MiB reads; a line of about 4 MiB fails), as resuming would hit it again: re-list.
-        """
-        exceptions: Any = importlib.import_module("kubernetes.aio.client.exceptions")
-        api_exception: type[Exception] = exceptions.ApiException
-        assert kind not in self._watching, f"one {kind} watch at a time"
-        await self.limiter.acquire()
-        token = await self._authenticate()
-        self._watching.add(kind)
-        watcher = self._watchers[kind]
-        stream = watcher.stream(
-            list_function,
-            **selectors,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_seconds,
-            # The client's own deadline for the whole stream (300 s by default): past the
-            # server's, so a half-open connection is noticed without cutting a healthy one.
-            _request_timeout=float(timeout_seconds + 30),
-        )
-        try:
-            while True:
-                try:
-                    event = await _within_idle(stream.__anext__(), idle_timeout)
-                except StopAsyncIteration:
-                    return
-                except api_exception as exc:
-                    status = int(getattr(exc, "status", 0) or 0)
-                    if status == 401 and self.credentials is not None:
-                        await self.credentials.unauthorized(token)  # for the next try
-                    raise ApiError(status, str(getattr(exc, "reason", "") or ""), "watch") from None
-                if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
-                    resp = watcher.resp
-                    status = int(resp.status) if resp is not None else 0
-                    raise ApiError(
-                        status,
-                        "BadResponse",
-                        f"not a watch event: {' '.join(str(event).split())[:200]}",
-                    )
-                yield {"type": str(event.get("type", "")), "object": event["raw_object"]}
-        finally:
-            self._watching.discard(kind)
-            await watcher.close()
