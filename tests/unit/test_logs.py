@@ -92,3 +92,44 @@ def test_an_output_that_does_not_keep_up_loses_counted_records_and_close_is_not_
         assert messages[-2:] == ["after the stall", "after close"]
     finally:
         logger.removeHandler(handler)
+
+
+class _Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+        self.threads: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.threads.add(threading.current_thread().name)
+
+
+def test_records_from_many_threads_arrive_all_in_order_written_by_one_thread() -> None:
+    target = _Collected()
+    handler = BackgroundHandler(target, linger=0.01)
+    logger = logging.getLogger("pykubelet.test-background-threads")
+    logger.addHandler(handler)
+    logger.propagate = False
+
+    def log_many(prefix: str) -> None:
+        for i in range(500):
+            logger.warning("%s %d", prefix, i)
+
+    try:
+        threads = [threading.Thread(target=log_many, args=(f"t{n}",)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        deadline = time.monotonic() + 5
+        while len(target.messages) < 2000 and time.monotonic() < deadline:
+            time.sleep(0.01)  # written by the writer thread, without close
+        assert len(target.messages) == 2000
+        for n in range(4):
+            mine = [m for m in target.messages if m.startswith(f"t{n} ")]
+            assert mine == [f"t{n} {i}" for i in range(500)]
+        assert target.threads == {"log-writer"}
+    finally:
+        handler.close()
+        logger.removeHandler(handler)
