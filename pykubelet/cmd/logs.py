@@ -6,20 +6,19 @@ The records are written from a thread of their own (`BackgroundHandler`): a writ
 blocks when what reads it is slow (a full pipe, the journal's back-pressure), and the agent's
 event loop must not wait for it. What is queued is written before the process exits
 (`logging.shutdown()`, which runs at exit and before the agent's `os._exit`); past MAX_QUEUED
-records waiting, new ones are dropped and a line says how many. A record reaches the output
-within LINGER (50 ms) of being logged: the thread is woken once for a burst of records.
+records waiting, new ones are dropped and a line says how many.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
+import logging.handlers
 import os
+import queue
 import sys
-import threading
-import time
-from collections import deque
 from datetime import UTC, datetime
 from typing import Any
 
@@ -97,88 +96,52 @@ def make_handler(log_format: str) -> logging.Handler:
 # Records waiting for an output that does not keep up: past this, new ones are dropped and
 # counted (a line says how many once there is room), not kept without bound.
 MAX_QUEUED = 10_000
-# How long the writer thread, once woken, lets records gather before it writes them: a burst's
-# records then cost one wake-up of the thread, not one each.
-LINGER = 0.05
-CLOSE_WAIT = 5.0  # seconds `close` waits for the writer thread to finish
+SENTINEL_WAIT = 5.0  # seconds `close` waits for room in a full queue before it gives up
 
 
-class BackgroundHandler(logging.Handler):
+class _Listener(logging.handlers.QueueListener):
+    def __init__(self, records: queue.Queue[Any], target: logging.Handler) -> None:
+        super().__init__(records, target, respect_handler_level=True)
+        self._records = records
+
+    def enqueue_sentinel(self) -> None:
+        # Blocking (the thread makes room): QueueListener's own put_nowait fails on a full queue.
+        with contextlib.suppress(queue.Full):
+            self._records.put(None, timeout=SENTINEL_WAIT)  # QueueListener._sentinel
+
+
+class BackgroundHandler(logging.handlers.QueueHandler):
     """Hands each record to `target` in a thread of its own; `close` writes what is queued
     first (logging.shutdown closes the handlers made last first: this one before its target),
-    and a record logged after it goes to `target` directly.
+    and a record logged after it goes to `target` directly."""
 
-    Why not logging's QueueHandler: its queue wakes the writer thread for every record, from
-    the thread that logs while it holds the interpreter lock. In a 1,000-pod cluster burst those
-    1,000 wake-ups were 7 % of the agent's lock-held time: on a busy machine the woken thread
-    often takes the logging thread's CPU, which then waits with the lock held. Here a record is
-    appended to a deque, and only the first record after the writer went idle wakes it."""
-
-    def __init__(
-        self, target: logging.Handler, max_queued: int = MAX_QUEUED, linger: float = LINGER
-    ) -> None:
-        super().__init__()
+    def __init__(self, target: logging.Handler, max_queued: int = MAX_QUEUED) -> None:
+        records: queue.Queue[Any] = queue.Queue(max_queued)
+        super().__init__(records)
+        self._records = records
         self._target = target
-        self._max_queued = max_queued
-        self._linger = linger
-        # Appended under this handler's lock (Handler.handle holds it around emit), taken
-        # from the left by the writer: deque's append and popleft are atomic.
-        self._records: deque[logging.LogRecord] = deque()
         self._dropped = 0
-        self._wake = threading.Event()
-        self._closing = False
-        self._writer: threading.Thread | None = threading.Thread(
-            target=self._write_forever, name="log-writer", daemon=True
-        )
-        self._writer.start()
+        self._listener: _Listener | None = _Listener(records, target)
+        self._listener.start()
 
-    def pending(self) -> int:
-        """Records queued and not yet handed to the target."""
-        return len(self._records)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            record = self._prepare(record)
-        except Exception:
-            self.handleError(record)
-            return
-        if self._writer is None:
-            self._target.handle(record)
-            return
-        if len(self._records) >= self._max_queued:
-            self._dropped += 1
-            return
-        if self._dropped:
-            self._records.append(self._dropped_note())
-            self._dropped = 0
-        self._records.append(record)
-        if not self._wake.is_set():
-            self._wake.set()
-
-    @staticmethod
-    def _prepare(record: logging.LogRecord) -> logging.LogRecord:
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         # The message made now (its arguments may change once the call returns); the rest, the
         # traceback included, formatted by the target's formatter, as it would be unqueued.
         record = copy.copy(record)
         record.msg, record.args = record.getMessage(), None
         return record
 
-    def _write_forever(self) -> None:
-        while True:
-            self._wake.wait()
-            if not self._closing:
-                time.sleep(self._linger)
-            # Cleared before the queue is read: a record appended after this sets it again.
-            self._wake.clear()
-            self._write_queued()
-            if self._closing:
-                return
-
-    def _write_queued(self) -> None:
-        while self._records:
-            record = self._records.popleft()
-            if record.levelno >= self._target.level:
-                self._target.handle(record)
+    def enqueue(self, record: logging.LogRecord) -> None:
+        if self._listener is None:
+            self._target.handle(record)
+            return
+        try:
+            if self._dropped:
+                self._records.put_nowait(self._dropped_note())
+                self._dropped = 0
+            self._records.put_nowait(record)
+        except queue.Full:
+            self._dropped += 1
 
     def _dropped_note(self) -> logging.LogRecord:
         return logging.LogRecord(
@@ -192,16 +155,13 @@ class BackgroundHandler(logging.Handler):
         )
 
     def close(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            self._closing = True
-            self._wake.set()
-            writer.join(CLOSE_WAIT)
-            if not writer.is_alive():
-                if self._dropped:
-                    self._target.handle(self._dropped_note())
-                    self._dropped = 0
-                self._write_queued()  # what came while it finished
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            if self._dropped:
+                with contextlib.suppress(queue.Full):
+                    self._records.put(self._dropped_note(), timeout=SENTINEL_WAIT)
+                self._dropped = 0
+            listener.stop()
         super().close()
 
 

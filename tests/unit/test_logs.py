@@ -79,7 +79,7 @@ def test_an_output_that_does_not_keep_up_loses_counted_records_and_close_is_not_
             logger.warning("line %d", i)
         target.go.set()
         deadline = time.monotonic() + 5
-        while handler.pending() and time.monotonic() < deadline:
+        while not handler.queue.empty() and time.monotonic() < deadline:
             time.sleep(0.01)
         logger.warning("after the stall")
         handler.close()
