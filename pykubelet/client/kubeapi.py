@@ -30,7 +30,7 @@ import json
 import logging
 import urllib.parse
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, Awaitable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -524,7 +524,7 @@ class KubeApi:
         resource_version: str,
         timeout_seconds: int,
         idle_timeout: float = WATCH_IDLE_TIMEOUT,
-    ) -> AsyncIterator[Obj]:
+    ) -> AsyncGenerator[Obj, None]:
         """The watch events of a core resource in one namespace, as `_watch`'s; any number at
         once (the single-object watches of ConfigMaps and Secrets), on their own pool."""
         return self._watch(
@@ -542,15 +542,14 @@ class KubeApi:
         resource_version: str,
         timeout_seconds: int,
         idle_timeout: float = WATCH_IDLE_TIMEOUT,
-    ) -> AsyncIterator[Obj]:
+    ) -> AsyncGenerator[Obj, None]:
         """The pods' watch events (see `_watch`); one such watch at a time."""
+        query = [("fieldSelector", field_selector)]
         return self._watch_one(
             "pods",
-            "/api/v1/pods",
-            [("fieldSelector", field_selector)],
-            resource_version,
-            timeout_seconds,
-            idle_timeout,
+            self._watch(
+                self._client, "/api/v1/pods", query, resource_version, timeout_seconds, idle_timeout
+            ),
         )
 
     def watch_services(
@@ -558,30 +557,27 @@ class KubeApi:
         resource_version: str,
         timeout_seconds: int,
         idle_timeout: float = WATCH_IDLE_TIMEOUT,
-    ) -> AsyncIterator[Obj]:
+    ) -> AsyncGenerator[Obj, None]:
         """The watch events of the Services of all namespaces (see `_watch`); one at a time."""
+        path = "/api/v1/services"
         return self._watch_one(
-            "services", "/api/v1/services", [], resource_version, timeout_seconds, idle_timeout
+            "services",
+            self._watch(self._client, path, [], resource_version, timeout_seconds, idle_timeout),
         )
 
     async def _watch_one(
-        self,
-        kind: str,
-        path: str,
-        query: list[tuple[str, Any]],
-        resource_version: str,
-        timeout_seconds: int,
-        idle_timeout: float,
-    ) -> AsyncIterator[Obj]:
+        self, kind: str, events: AsyncGenerator[Obj, None]
+    ) -> AsyncGenerator[Obj, None]:
+        """`events`, the only watch of `kind` while it runs; closed with it (its connection
+        released at once, not when collected)."""
         assert kind not in self._watching, f"one {kind} watch at a time"
         self._watching.add(kind)
         try:
-            async for event in self._watch(
-                self._client, path, query, resource_version, timeout_seconds, idle_timeout
-            ):
+            async for event in events:
                 yield event
         finally:
             self._watching.discard(kind)
+            await events.aclose()
 
     async def _watch(
         self,
@@ -591,7 +587,7 @@ class KubeApi:
         resource_version: str,
         timeout_seconds: int,
         idle_timeout: float,
-    ) -> AsyncIterator[Obj]:
+    ) -> AsyncGenerator[Obj, None]:
         """The watch events (`type`, `object` as a dict) of `path` through `client`; ends when
         the server ends the stream.
 

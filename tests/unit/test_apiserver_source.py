@@ -242,3 +242,18 @@ async def test_a_silent_watch_is_taken_for_dead(server: ApiServer, api: KubeApi)
         async for _ in api.watch_pods("", rv, 20, idle_timeout=0.3):
             pass
     assert err.value.unreachable and err.value.reason == "Idle"
+
+
+async def test_a_watch_left_early_ends_at_the_server_and_the_next_may_start(
+    server: ApiServer, api: KubeApi
+) -> None:
+    await create(server, pod("first"))
+    for _ in range(2):  # a second watch of pods is allowed once the first was left
+        events = api.watch_pods(f"spec.nodeName={NODE}", "0", 30)
+        async for event in events:
+            assert event["type"] in ("ADDED", "BOOKMARK")
+            break
+        await events.aclose()  # as `async with aclosing(...)` or a cancelled reader does
+    # The connection closed at once (not when the generator is collected): the server's
+    # watch ends at its next write, a bookmark within 0.2 s.
+    await eventually("no watch left at the server", lambda: not server.store.watchers)
