@@ -9,7 +9,8 @@ as the agent recorded it (its /pods, to the microsecond; the API's startedAt has
 only), so it is at most the poll interval too long. Issue 19's targets: all running within 2x
 the file source's time, and each status within 1 s of the change; measured at the client's
 default rate limit (--kube-api-qps 50, the kubelet's) and again at a raised one (RAISED_QPS,
-as the kubelet's own density tests raise it), which the table shows beside it.
+as the kubelet's own density tests raise it), which the table shows beside it. The raised rate
+runs PAIRS times, each after a file source run of its own: the run of median ratio is shown.
 
     python -m bench.cluster_start [pods]
 """
@@ -35,11 +36,39 @@ DEFAULT_QPS = 50.0  # the kubelet's kubeAPIQPS (bursts of 100)
 RAISED_QPS = 1000.0  # bursts of twice that
 
 
+# File-source-then-cluster pairs at the raised rate: the run of median ratio is the one shown
+# (one pair's ratio moved between 2.4x and 3.0x from run to run on this shared machine).
+PAIRS = 3
+PAIR_FIGURES = (
+    "file_source_all_running_seconds",
+    "all_running_seconds",
+    "ratio_to_file_source",
+    "status_lag_seconds",
+)
+
+
 def run(pods: int = 1000, raised_qps: float = RAISED_QPS) -> dict[str, Any]:
-    file_source = latency.run(pods, start_only=True)["start"]
-    out: dict[str, Any] = _run_cluster(pods, DEFAULT_QPS, file_source["all_running_seconds"])
-    out["raised"] = _run_cluster(pods, raised_qps, file_source["all_running_seconds"])
+    out: dict[str, Any] = {}
+    pairs = []
+    for i in range(PAIRS):
+        file_seconds = latency.run(pods, start_only=True)["start"]["all_running_seconds"]
+        if i == 0:  # at the default rate the client's limit bounds it: once is enough
+            out = _run_cluster(pods, DEFAULT_QPS, file_seconds)
+        pairs.append(_run_cluster(pods, raised_qps, file_seconds))
+    ordered = sorted(pairs, key=lambda p: float(p["ratio_to_file_source"]))
+    out["raised"] = {
+        **ordered[(len(ordered) - 1) // 2],
+        "pairs": [{k: p[k] for k in PAIR_FIGURES} for p in pairs],
+    }
     return out
+
+
+def _spread(run: dict[str, Any]) -> str:
+    pairs = run.get("pairs") or []
+    if len(pairs) < 2:
+        return ""
+    ratios = sorted(p["ratio_to_file_source"] for p in pairs)
+    return f"; median of {len(pairs)} pairs, {ratios[0]}-{ratios[-1]}x"
 
 
 def _run_cluster(pods: int, qps: float, file_source_seconds: float) -> dict[str, Any]:
@@ -110,6 +139,17 @@ def table(r: dict[str, Any]) -> list[str]:
             f"status lag (API server running - startedAt, polled every {run['poll_seconds']}s) "
             f"p50 {lag['p50']:.3f}s p99 {lag['p99']:.3f}s max {lag['max']:.3f}s"
         )
+        if len(run.get("pairs") or []) > 1:
+            lines.append(
+                f"  the {len(run['pairs'])} pairs at --kube-api-qps {run['kube_api_qps']:g} "
+                "(file source / cluster, ratio, status lag p99): "
+                + "; ".join(
+                    f"{p['file_source_all_running_seconds']:.2f} / "
+                    f"{p['all_running_seconds']:.2f} s, {p['ratio_to_file_source']}x, "
+                    f"{p['status_lag_seconds']['p99']:.2f} s"
+                    for p in run["pairs"]
+                )
+            )
     return lines
 
 
@@ -126,7 +166,7 @@ def targets(r: dict[str, Any]) -> list[Target]:
                 2.0,
                 "x",
                 f"{run['all_running_seconds']:.2f} s vs "
-                f"{run['file_source_all_running_seconds']:.2f} s",
+                f"{run['file_source_all_running_seconds']:.2f} s" + _spread(run),
             ),
             at_most(
                 f"cluster mode, {n} pods ({qps}): each status in the API server after the change, "
