@@ -10,7 +10,8 @@ only), so it is at most the poll interval too long. Issue 19's targets: all runn
 the file source's time, and each status within 1 s of the change; measured at the client's
 default rate limit (--kube-api-qps 50, the kubelet's) and again at a raised one (RAISED_QPS,
 as the kubelet's own density tests raise it), which the table shows beside it. The raised rate
-runs PAIRS times, each after a file source run of its own: the run of median ratio is shown.
+runs PAIRS times, each after a file source run of its own: the run of median ratio is shown,
+and the status lag's p99 is the median of the runs'.
 
     python -m bench.cluster_start [pods]
 """
@@ -18,6 +19,7 @@ runs PAIRS times, each after a file source run of its own: the run of median rat
 from __future__ import annotations
 
 import signal
+import statistics
 import sys
 import time
 from typing import Any
@@ -36,8 +38,9 @@ DEFAULT_QPS = 50.0  # the kubelet's kubeAPIQPS (bursts of 100)
 RAISED_QPS = 1000.0  # bursts of twice that
 
 
-# File-source-then-cluster pairs at the raised rate: the run of median ratio is the one shown
-# (one pair's ratio moved between 2.4x and 3.0x from run to run on this shared machine).
+# File-source-then-cluster pairs at the raised rate: the run of median ratio is the one shown,
+# the status lag's target the median of the pairs' p99s (one pair's ratio moved between 2.4x
+# and 3.0x from run to run on this shared machine, its lag's p99 between 0.4 and 1.9 s).
 PAIRS = 3
 PAIR_FIGURES = (
     "file_source_all_running_seconds",
@@ -61,6 +64,18 @@ def run(pods: int = 1000, raised_qps: float = RAISED_QPS) -> dict[str, Any]:
         "pairs": [{k: p[k] for k in PAIR_FIGURES} for p in pairs],
     }
     return out
+
+
+def _lag_p99(run: dict[str, Any]) -> tuple[float, float, str, str]:
+    """The status lag's p99 against its 1 s target: over pairs, the median of theirs."""
+    polled = f"polled every {run['poll_seconds']} s"
+    pairs = run.get("pairs") or []
+    if len(pairs) < 2:
+        lag = run["status_lag_seconds"]
+        return lag["p99"], 1.0, "s", f"max {lag['max']:.2f} s, {polled}"
+    p99s = sorted(p["status_lag_seconds"]["p99"] for p in pairs)
+    spread = f"median of {len(pairs)} pairs, {p99s[0]:.2f}-{p99s[-1]:.2f} s"
+    return statistics.median(p99s), 1.0, "s", f"{spread}, {polled}"
 
 
 def _spread(run: dict[str, Any]) -> str:
@@ -171,11 +186,7 @@ def targets(r: dict[str, Any]) -> list[Target]:
             at_most(
                 f"cluster mode, {n} pods ({qps}): each status in the API server after the change, "
                 "p99",
-                run["status_lag_seconds"]["p99"],
-                1.0,
-                "s",
-                f"max {run['status_lag_seconds']['max']:.2f} s, polled every "
-                f"{run['poll_seconds']} s",
+                *_lag_p99(run),
             ),
         ]
     return out
