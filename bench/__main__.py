@@ -5,7 +5,8 @@ python -m bench [--quick] [--no-flamegraphs]
                 cluster,cluster_start]
 
 The latency section runs the floor (bench/floor.py) beside the agent for each N and prints the
-agent's start figures as ratios to it; with py-spy installed it also keeps flame graphs of the
+agent's start figures as ratios to it (for N of 100 and more, the medians of PAIRS floor-then-
+agent runs); with py-spy installed it also keeps flame graphs of the
 agent's 100- and 1,000-manifest bursts in bench/flamegraphs/. Last comes the targets table
 (bench/targets.py): each target of issue 19 a section measured, PASS or MISS.
 """
