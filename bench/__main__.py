@@ -223,7 +223,7 @@ def _latency_lines(r: dict[str, Any]) -> list[str]:
     if len(pairs) > 1:
         lines.append(
             f"pairs   n={n:>4}: floor / agent p99 start and all running (ratios): "
-            + ", ".join(
+            + "; ".join(
                 f"{p['floor']['start']['p99']:.3f} / {p['start']['agent_observed']['p99']:.3f} s, "
                 f"{p['floor']['all_running_seconds']:.3f} / "
                 f"{p['start']['all_running_agent_observed_seconds']:.3f} s "
