@@ -30,7 +30,7 @@ import yaml
 
 from bench import quietdisk
 from bench.latency import Scenario, write_manifests
-from bench.stats import percentiles
+from bench.stats import median_item, percentiles, runs_range
 from bench.targets import Target, at_most
 
 SCAN_SECONDS = 0.005
@@ -154,17 +154,13 @@ def median_ratios(pairs: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _median_pair(r: dict[str, Any], key: str) -> dict[str, Any]:
-    """The pair whose `key` ratio is the median (the lower middle one of an even count)."""
-    pairs = sorted(r.get("pairs") or [r], key=lambda p: p["ratio_to_floor"][key])
-    return dict(pairs[(len(pairs) - 1) // 2])
+    """The pair whose `key` ratio is the median."""
+    return median_item(r.get("pairs") or [r], lambda p: float(p["ratio_to_floor"][key]))
 
 
 def _spread(r: dict[str, Any], key: str) -> str:
-    pairs = r.get("pairs") or []
-    if len(pairs) < 2:
-        return ""
-    values = sorted(p["ratio_to_floor"][key] for p in pairs)
-    return f"; median of {len(pairs)} pairs, {values[0]}-{values[-1]}x"
+    spread = runs_range([p["ratio_to_floor"][key] for p in r.get("pairs") or []], "x")
+    return f"; {spread}" if spread else ""
 
 
 def _ratio(ours: float, floor: float) -> float:
