@@ -253,7 +253,11 @@ class VolumeManager:
         """The container's volumeMounts as host paths, subPaths made and checked."""
         if not container.volume_mounts:
             return []
-        return await asyncio.to_thread(self._mounts, pod, container, paths)
+        if any(spec.sub_path for spec in container.volume_mounts):
+            return await asyncio.to_thread(self._mounts, pod, container, paths)
+        # Without a subPath nothing touches the disk: no thread hop (each is a wake of a
+        # thread and of the loop again, about 50 us of the loop's time here).
+        return self._mounts(pod, container, paths)
 
     async def teardown(self, uid: str) -> None:
         """Unmount what we mounted for the pod and delete its volumes."""
