@@ -11,7 +11,6 @@ records waiting, new ones are dropped and a line says how many.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
@@ -19,6 +18,8 @@ import logging.handlers
 import os
 import queue
 import sys
+import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -96,18 +97,39 @@ def make_handler(log_format: str) -> logging.Handler:
 # Records waiting for an output that does not keep up: past this, new ones are dropped and
 # counted (a line says how many once there is room), not kept without bound.
 MAX_QUEUED = 10_000
-SENTINEL_WAIT = 5.0  # seconds `close` waits for room in a full queue before it gives up
+# After writing what was queued, the writer waits this long before it looks again. Records
+# logged meanwhile wait for it instead of waking it: in a burst, a wake per record (a futex
+# wake, and the logging thread preempted by the writer) was 8 % of the event loop's time. An
+# idle writer blocks, and the first record wakes it at once.
+LINGER_SECONDS = 0.002
 
 
-class _Listener(logging.handlers.QueueListener):
-    def __init__(self, records: queue.Queue[Any], target: logging.Handler) -> None:
-        super().__init__(records, target, respect_handler_level=True)
+class _Writer(threading.Thread):
+    """Hands queued records to `target` until it takes the sentinel (None)."""
+
+    def __init__(self, records: queue.SimpleQueue[Any], target: logging.Handler) -> None:
+        super().__init__(name="log-writer", daemon=True)
         self._records = records
+        self._target = target
 
-    def enqueue_sentinel(self) -> None:
-        # Blocking (the thread makes room): QueueListener's own put_nowait fails on a full queue.
-        with contextlib.suppress(queue.Full):
-            self._records.put(None, timeout=SENTINEL_WAIT)  # QueueListener._sentinel
+    def run(self) -> None:
+        records = self._records
+        while True:
+            record = records.get()
+            while record is not None:
+                self._write(record)
+                try:
+                    record = records.get_nowait()
+                except queue.Empty:
+                    break
+            else:
+                return
+            time.sleep(LINGER_SECONDS)
+
+    def _write(self, record: logging.LogRecord) -> None:
+        # As QueueListener with respect_handler_level: the target's own level applies.
+        if record.levelno >= self._target.level:
+            self._target.handle(record)
 
 
 class BackgroundHandler(logging.handlers.QueueHandler):
@@ -116,13 +138,15 @@ class BackgroundHandler(logging.handlers.QueueHandler):
     and a record logged after it goes to `target` directly."""
 
     def __init__(self, target: logging.Handler, max_queued: int = MAX_QUEUED) -> None:
-        records: queue.Queue[Any] = queue.Queue(max_queued)
+        # A SimpleQueue: its put is C, and wakes nothing while the writer is not waiting.
+        records: queue.SimpleQueue[Any] = queue.SimpleQueue()
         super().__init__(records)
         self._records = records
+        self._max_queued = max_queued
         self._target = target
         self._dropped = 0
-        self._listener: _Listener | None = _Listener(records, target)
-        self._listener.start()
+        self._writer: _Writer | None = _Writer(records, target)
+        self._writer.start()
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         # The message made now (its arguments may change once the call returns); the rest, the
@@ -132,16 +156,16 @@ class BackgroundHandler(logging.handlers.QueueHandler):
         return record
 
     def enqueue(self, record: logging.LogRecord) -> None:
-        if self._listener is None:
+        if self._writer is None:
             self._target.handle(record)
             return
-        try:
-            if self._dropped:
-                self._records.put_nowait(self._dropped_note())
-                self._dropped = 0
-            self._records.put_nowait(record)
-        except queue.Full:
+        if self._records.qsize() >= self._max_queued:
             self._dropped += 1
+            return
+        if self._dropped:
+            self._records.put(self._dropped_note())
+            self._dropped = 0
+        self._records.put(record)
 
     def _dropped_note(self) -> logging.LogRecord:
         return logging.LogRecord(
@@ -155,13 +179,13 @@ class BackgroundHandler(logging.handlers.QueueHandler):
         )
 
     def close(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
             if self._dropped:
-                with contextlib.suppress(queue.Full):
-                    self._records.put(self._dropped_note(), timeout=SENTINEL_WAIT)
+                self._records.put(self._dropped_note())
                 self._dropped = 0
-            listener.stop()
+            self._records.put(None)
+            writer.join()
         super().close()
 
 
