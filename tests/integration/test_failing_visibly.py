@@ -125,11 +125,25 @@ def test_a_full_root_dir_fails_the_sandbox_visibly_and_the_pod_starts_once_there
 
 
 @needs_root
+@pytest.mark.parametrize("volume", [False, True], ids=["plain", "launched-with-a-volume"])
 def test_a_container_whose_files_cannot_be_created_waits_in_create_container_error(
-    small_root: Path, manifests: Path, start_agent: Callable[..., Agent]
+    small_root: Path, manifests: Path, start_agent: Callable[..., Agent], volume: bool
 ) -> None:
     write_pod(manifests, "steady", pod_yaml("steady", "sleep 600"))
-    write_pod(manifests, "crasher", pod_yaml("crasher", "sleep 3; exit 1"))
+    crasher = pod_yaml("crasher", "sleep 3; exit 1")
+    if volume:
+        # A volume's bind: the start goes through the launcher (its files made in its thread).
+        mount_point = small_root.parent / "crasher-scratch"
+        mount_point.mkdir()
+        crasher = pod_yaml(
+            "crasher",
+            "sleep 3; exit 1",
+            extra_spec="  volumes:\n  - name: scratch\n    emptyDir: {}\n",
+        )
+        crasher = _with_container_fields(
+            crasher, f"volumeMounts:\n- {{name: scratch, mountPath: {mount_point}}}\n"
+        )
+    write_pod(manifests, "crasher", crasher)
     agent = start_agent(*FLAGS)
     wait_for("steady running", lambda: running(agent, "steady"))
     wait_for("crasher running", lambda: running(agent, "crasher"))

@@ -517,6 +517,8 @@ class ProcessRuntime:
         starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
         if launch is None and not (config.stdin or config.tty) and spawns_unlocked():
             spawned = await self._spawn_plain(starting, log_path, argv, cwd, env)
+        elif launch is not None and settings is None and not (config.stdin or config.tty):
+            spawned = await self._spawn_launched(starting, log_path, launch, cwd)
         else:
             spawned = await self._spawn_with(
                 pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
@@ -581,6 +583,24 @@ class ProcessRuntime:
                 ) from e
             raise
         return _Spawned(pid, pidfd, 0, False, None)
+
+    async def _spawn_launched(
+        self, starting: Path, log_path: Path, launch: dict[str, Any], cwd: str
+    ) -> _Spawned:
+        """A start through the launcher without cgroups of its own, stdin or terminal (a pod
+        with volumes, say): the marker and the log's directory made in the launch's own thread
+        hop, before the fork (each hop is a wake of a thread and then of the loop)."""
+        launch["pods_dir"] = str(self._volumes_dir)
+        launch["cgroups"] = []
+        prepare = functools.partial(_prepare_start, starting, log_path, False, cwd)
+        try:
+            pid, pidfd, start_time = await spawn_launched(
+                launch, log_path, None, self._launcher, prepare
+            )
+        except BaseException:
+            await asyncio.to_thread(statefile.remove, starting)
+            raise
+        return _Spawned(pid, pidfd, start_time, False, None)
 
     async def _spawn_with(
         self,

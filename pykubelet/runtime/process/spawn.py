@@ -387,12 +387,24 @@ def _clone_trees(launch: dict[str, Any]) -> list[int]:
 
 
 def _start_launcher(
-    launch: dict[str, Any], log_path: Path, stdio: Stdio | None, server: LaunchServer | None
+    launch: dict[str, Any],
+    log_path: Path,
+    stdio: Stdio | None,
+    server: LaunchServer | None,
+    prepare: Callable[[], object] | None = None,
 ) -> tuple[int, int, int, int]:
     """fork+exec the launcher: (pid, pidfd, /proc start time, read end of its error pipe).
 
     The instructions go through a memfd (no size limit, nothing on disk, no shell); the error
     pipe's write end is close-on-exec in the launcher, so EOF without data means it exec'd."""
+    if prepare is not None:
+        try:
+            prepare()
+        except OSError as e:
+            # No space or inodes left under --root-dir: the container cannot be created.
+            raise StartError(
+                "CreateContainerError", f"cannot write the container's state: {os_reason(e)}"
+            ) from e
     trees = _clone_trees(launch)
     try:
         try:
@@ -495,8 +507,11 @@ async def spawn_launched(
     log_path: Path,
     stdio: Stdio | None = None,
     server: LaunchServer | None = None,
+    prepare: Callable[[], object] | None = None,
 ) -> tuple[int, int, int]:
     """As `spawn`, through the launcher following `launch`: returns once it exec'd.
+    `prepare()` (the caller's files) runs first in the same thread; its OSError is the start's
+    CreateContainerError.
 
     The fork runs in a thread (the launch server's own, or the pool's for a launcher started
     afresh): a launcher started afresh is a Python start, whose exec kept the loop
@@ -508,10 +523,10 @@ async def spawn_launched(
     # forks anyway must still be waited for.
     if server is None:
         started = asyncio.get_running_loop().run_in_executor(
-            None, _start_launcher, launch, log_path, stdio, None
+            None, _start_launcher, launch, log_path, stdio, None, prepare
         )
     else:
-        started = server.call(_start_launcher, launch, log_path, stdio, server)
+        started = server.call(_start_launcher, launch, log_path, stdio, server, prepare)
     try:
         pid, pidfd, start_time, err_r = await asyncio.shield(started)
     except asyncio.CancelledError:
