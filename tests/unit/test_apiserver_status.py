@@ -169,6 +169,57 @@ async def test_failures_are_retried(server: ApiServer, api: KubeApi) -> None:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def test_a_status_waiting_out_a_back_off_does_not_hold_back_another(
+    server: ApiServer, api: KubeApi
+) -> None:
+    """The senders wait for the back-off of a failed patch; a pod marked meanwhile, due
+    sooner, still goes after its own batch delay, before the failed one is retried."""
+    targets: dict[str, Target] = {}
+    for name in ("p", "q"):
+        created = await asyncio.to_thread(
+            server.create,
+            "pods",
+            {
+                "metadata": {"name": name},
+                "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "i"}]},
+            },
+        )
+        targets[name] = Target("default", name, created["metadata"]["uid"], created["status"])
+    sync = StatusSync(targets.get, batch_delay=0.01)
+    server.fail_next(500)
+    task = asyncio.create_task(sync.run(api))
+
+    def patched() -> list[str]:
+        return [
+            r.path.split("/")[-2]
+            for r in server.requests()
+            if r.method == "PATCH" and r.path.endswith("/status")
+        ]
+
+    async def arrived(name: str) -> None:
+        for _ in range(200):
+            pod = server.get("pods", name)
+            if pod is not None and pod["status"]["phase"] == "Running":
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"the status of {name} never arrived; patches: {patched()}")
+
+    try:
+        sync.on_status("p", status(RUNNING))
+        for _ in range(200):
+            if patched():
+                break
+            await asyncio.sleep(0.01)
+        # p's patch failed: it is marked again after the back-off (0.5 s and more).
+        sync.on_status("q", status(RUNNING))
+        await arrived("q")
+        await arrived("p")
+        assert patched() == ["p", "q", "p"]
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 def node_agent(tmp_path: Path, problems: list[str], **periods: float) -> NodeAgent:
     return NodeAgent(
         "n1",
