@@ -47,9 +47,12 @@ log = logging.getLogger(__name__)
 LAUNCHER_ARGV = (sys.executable, "-I", "-S", str(Path(__file__).with_name("launcher.py")))
 ANSWER_TIMEOUT = 30.0  # a fork, or a waitpid without waiting: seconds only if the machine stalls
 # Servers forking at once. A launch is a round trip that waits for a fork and for the child's
-# setsid (0.9 ms in the server, 1.6 ms in the agent's thread, p50, in a 1,000-pod burst):
-# one server at a time had them back to back, 2.2 s of a 3.2 s burst; three overlap them.
-LAUNCH_SERVERS = 3
+# setsid (0.9 ms in the server, 1.6 ms in the agent's thread, p50, in a 1,000-pod burst), and
+# its thread then waits for the interpreter lock after each blocking call (4 ms p50 from the
+# request to the answer while the loop is busy): one server at a time had them back to back,
+# 2.2 s of a 3.2 s burst. Five overlap them: 1,000 API pods all running 3.52 -> 3.25 s against
+# three (4 alternating runs), the launch's thread no longer the queue.
+LAUNCH_SERVERS = 5
 
 
 class ServerUnavailable(Exception):
