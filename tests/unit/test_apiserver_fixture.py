@@ -183,6 +183,38 @@ async def test_patches_preconditions_and_subresources(server: ApiServer, api: Ku
     assert err.value.status == 409 and "UID in precondition" in err.value.message
 
 
+async def test_change_listeners_see_each_stored_version_as_it_was(
+    server: ApiServer, api: KubeApi
+) -> None:
+    seen: list[tuple[str, str, str]] = []  # (type, name, phase) of each pod change
+    objects: list[Obj] = []
+    stop = server.on_change(
+        "pods",
+        lambda kind, obj: (
+            seen.append((kind, obj["metadata"]["name"], (obj.get("status") or {}).get("phase"))),
+            objects.append(obj),
+        ),
+    )
+    server.create("pods", pod("a"))
+    server.create("configmaps", {"metadata": {"name": "not-a-pod"}, "data": {}})
+    path = "/api/v1/namespaces/default/pods/a/status"
+    await api.patch(path, {"status": {"phase": "Running"}})
+    await api.patch(path, {"status": {"phase": "Succeeded"}})
+    await asyncio.to_thread(server.delete, "pods", "a", "default", 0)
+    stop()
+    server.create("pods", pod("b"))
+    assert seen == [
+        ("ADDED", "a", "Pending"),
+        ("MODIFIED", "a", "Running"),
+        ("MODIFIED", "a", "Succeeded"),
+        ("DELETED", "a", "Succeeded"),
+    ]
+    # A status write makes a new object: the versions before it are as they were stored.
+    phases = [o["status"]["phase"] for o in objects]
+    assert phases == ["Pending", "Running", "Succeeded", "Succeeded"]
+    assert len({o["metadata"]["resourceVersion"] for o in objects}) == 4
+
+
 async def test_replace_conflicts_on_a_stale_version(api: KubeApi) -> None:
     base = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
     lease = await api.create(base, {"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1"}})
