@@ -141,6 +141,16 @@ class _Pass:
 TerminatedListener = Callable[[str, Pod | None], Awaitable[None]]
 
 
+# API pods synced at once; the others wait for their turn (their kills do not: a termination is
+# not a sync). A thousand pods bound at once otherwise each hold a sync on the one event loop,
+# where every step of each (its token request, its start, its status) waits behind the steps of
+# all the others, and the statuses of the first pods queue behind the starts of the last.
+# Measured, 1,000 API pods at once (four alternating runs): all running as soon (3.27 s both),
+# the status lag's p99 0.54-1.03 -> 0.26-0.29 s. Static pods (files, a URL) are not limited:
+# their syncs are short, and the same limit made a burst of 1,000 of them 13 % slower.
+MAX_API_SYNCS = 128
+
+
 class PodSync:
     """Implements the pod workers' PodSyncer against a Runtime."""
 
@@ -157,8 +167,10 @@ class PodSync:
         objects: ObjectLookup | None = None,
         services: ServiceEnv | None = None,
         network: PodNetwork | None = None,
+        max_api_syncs: int = MAX_API_SYNCS,
     ) -> None:
         self.runtime = runtime
+        self._api_syncs = asyncio.Semaphore(max_api_syncs)
         self.volumes = volumes
         # Hostnames, DNS and /etc/hosts (the kubelet's defaults without a network given).
         self.network = network or PodNetwork(ClusterSettings(), recorder, "", volumes.pod_dir)
@@ -206,6 +218,9 @@ class PodSync:
 
     async def sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
         try:
+            if pod.metadata.annotations.get(CONFIG_SOURCE) == API_SOURCE:
+                async with self._api_syncs:
+                    return await self._sync_pod(update, pod)
             return await self._sync_pod(update, pod)
         except (RuntimeFailure, OSError) as e:
             # An operating-system or runtime error in a step without its own event (the

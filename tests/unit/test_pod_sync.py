@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from pykubelet.api.model import Pod
+from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.common.events import EventRecorder
+from pykubelet.config.types import API_SOURCE
 from pykubelet.pod.envvars import Allocatable, container_env
 from pykubelet.pod.sync import PodSync
 from pykubelet.pod.volumes import VolumeManager
@@ -22,6 +24,7 @@ from pykubelet.probes.prober import ProbeManager
 from pykubelet.runtime.base import ContainerRunState
 from pykubelet.runtime.process.runtime import ProcessRuntime
 from pykubelet.status.manager import StatusManager
+from tests.fakes.runtime import FakeRuntime
 
 
 def pod(script: str) -> Pod:
@@ -158,3 +161,59 @@ async def test_a_start_that_fails_leaves_no_message_file(node: Node, tmp_path: P
     waiting = status.container_statuses[0].state.waiting
     assert waiting is not None and waiting.reason == "CreateContainerConfigError"
     assert list((tmp_path / "pods" / "uid-sync" / "containers" / "c").iterdir()) == []
+
+
+async def test_api_pods_sync_a_few_at_once_and_static_pods_do_not_wait(tmp_path: Path) -> None:
+    runtime = FakeRuntime(started=True)
+    recorder = EventRecorder()
+    actions = ActionRunner(
+        runtime, "127.0.0.1", lambda pod, spec, ip: container_env(pod, spec, "127.0.0.1", ip)
+    )
+    node = Allocatable(cpu=Fraction(2), memory=1 << 30, ephemeral_storage=1 << 34)
+    sync = PodSync(
+        runtime,
+        StatusManager(),
+        recorder,
+        "127.0.0.1",
+        actions,
+        ProbeManager(actions, recorder, print),
+        VolumeManager(tmp_path, node),
+        node,
+        max_api_syncs=2,
+    )
+
+    def named(name: str, source: str) -> Pod:
+        return Pod.model_validate(
+            {
+                "metadata": {
+                    "name": name,
+                    "namespace": "default",
+                    "uid": f"uid-{name}",
+                    "annotations": {CONFIG_SOURCE: source},
+                },
+                "spec": {"containers": [{"name": "c", "image": "i", "command": ["sleep"]}]},
+            }
+        )
+
+    def sandboxes() -> list[str]:
+        return [c.pod_uid for c in runtime.calls if c.op == "run_sandbox"]
+
+    runtime.hang("run_sandbox")  # every sync waits in its sandbox until released
+    pods = [named(f"api{i}", API_SOURCE) for i in range(4)] + [named("static", "file")]
+    syncs = [asyncio.create_task(sync.sync_pod(UpdateType.CREATE, p)) for p in pods]
+    try:
+        for _ in range(200):
+            if len(sandboxes()) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        assert sorted(sandboxes()) == ["uid-api0", "uid-api1", "uid-static"]
+        runtime.release("run_sandbox")
+        await asyncio.wait_for(asyncio.gather(*syncs), 10)
+        assert sorted(sandboxes()) == sorted(p.uid for p in pods)
+    finally:
+        runtime.release("run_sandbox")
+        for task in syncs:
+            task.cancel()
+        await asyncio.gather(*syncs, return_exceptions=True)
+        await actions.close()
