@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-from pykubelet.api.model import Pod
-from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.kubelet.pod_store import PodStore, is_static
-
-
-def pod(name: str, source: str) -> Pod:
-    return Pod.model_validate(
-        {
-            "metadata": {
-                "name": name,
-                "namespace": "default",
-                "uid": f"uid-{name}",
-                "annotations": {CONFIG_SOURCE: source},
-            },
-            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-        }
-    )
+from tests.fakes.pods import sourced_pod as pod
 
 
 def test_the_static_pods_are_those_of_the_file_and_http_sources() -> None:

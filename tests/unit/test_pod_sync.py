@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from pykubelet.api.model import Pod
-from pykubelet.api.static import CONFIG_SOURCE
 from pykubelet.common.events import EventRecorder
 from pykubelet.config.types import API_SOURCE
 from pykubelet.pod.envvars import Allocatable, container_env
@@ -21,9 +20,10 @@ from pykubelet.pod.volumes import VolumeManager
 from pykubelet.pod.workers import UpdateType
 from pykubelet.probes.handlers import ActionRunner
 from pykubelet.probes.prober import ProbeManager
-from pykubelet.runtime.base import ContainerRunState
+from pykubelet.runtime.base import ContainerRunState, Runtime
 from pykubelet.runtime.process.runtime import ProcessRuntime
 from pykubelet.status.manager import StatusManager
+from tests.fakes.pods import sourced_pod
 from tests.fakes.runtime import FakeRuntime
 
 
@@ -47,11 +47,10 @@ class Node:
     statuses: StatusManager
 
 
-@pytest.fixture
-async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    """A pod sync over a real process runtime; removes whatever the test left running."""
-    runtime = ProcessRuntime(tmp_path)
-    await runtime.start()
+def pod_sync(
+    runtime: Runtime, tmp_path: Path, **options: int
+) -> tuple[PodSync, StatusManager, ActionRunner]:
+    """A pod sync over `runtime` (its actions to close after)."""
     recorder = EventRecorder()
     actions = ActionRunner(
         runtime, "127.0.0.1", lambda pod, spec, ip: container_env(pod, spec, "127.0.0.1", ip)
@@ -67,7 +66,17 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
         ProbeManager(actions, recorder, print),
         VolumeManager(tmp_path, node),
         node,
+        **options,
     )
+    return sync, statuses, actions
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    """A pod sync over a real process runtime; removes whatever the test left running."""
+    runtime = ProcessRuntime(tmp_path)
+    await runtime.start()
+    sync, statuses, actions = pod_sync(runtime, tmp_path)
     yield Node(runtime, sync, statuses)
     for runtime_pod in await runtime.list_pods():
         await runtime.remove_pod(runtime_pod.uid)
@@ -165,41 +174,13 @@ async def test_a_start_that_fails_leaves_no_message_file(node: Node, tmp_path: P
 
 async def test_api_pods_sync_a_few_at_once_and_static_pods_do_not_wait(tmp_path: Path) -> None:
     runtime = FakeRuntime(started=True)
-    recorder = EventRecorder()
-    actions = ActionRunner(
-        runtime, "127.0.0.1", lambda pod, spec, ip: container_env(pod, spec, "127.0.0.1", ip)
-    )
-    node = Allocatable(cpu=Fraction(2), memory=1 << 30, ephemeral_storage=1 << 34)
-    sync = PodSync(
-        runtime,
-        StatusManager(),
-        recorder,
-        "127.0.0.1",
-        actions,
-        ProbeManager(actions, recorder, print),
-        VolumeManager(tmp_path, node),
-        node,
-        max_api_syncs=2,
-    )
-
-    def named(name: str, source: str) -> Pod:
-        return Pod.model_validate(
-            {
-                "metadata": {
-                    "name": name,
-                    "namespace": "default",
-                    "uid": f"uid-{name}",
-                    "annotations": {CONFIG_SOURCE: source},
-                },
-                "spec": {"containers": [{"name": "c", "image": "i", "command": ["sleep"]}]},
-            }
-        )
+    sync, _, actions = pod_sync(runtime, tmp_path, max_api_syncs=2)
 
     def sandboxes() -> list[str]:
         return [c.pod_uid for c in runtime.calls if c.op == "run_sandbox"]
 
     runtime.hang("run_sandbox")  # every sync waits in its sandbox until released
-    pods = [named(f"api{i}", API_SOURCE) for i in range(4)] + [named("static", "file")]
+    pods = [sourced_pod(f"api{i}", API_SOURCE) for i in range(4)] + [sourced_pod("static", "file")]
     syncs = [asyncio.create_task(sync.sync_pod(UpdateType.CREATE, p)) for p in pods]
     try:
         for _ in range(200):
