@@ -66,7 +66,7 @@ def run(pods: int = 1000, raised_qps: float = RAISED_QPS) -> dict[str, Any]:
 
 
 def _seen(run: dict[str, Any]) -> str:
-    """How the API server's side of the lag was timed (results before 2026-12-06 polled)."""
+    """How the API server's side of the lag was timed (results before session 15 polled)."""
     if run.get("poll_seconds"):
         return f"polled every {run['poll_seconds']} s"
     return "as the API server stored it"
