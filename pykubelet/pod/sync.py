@@ -194,6 +194,9 @@ class PodSync:
         # uid -> each container's (id, state) as the pod's last finished sync saw them: what
         # its status already tells (`saw`).
         self._seen_states: dict[str, tuple[tuple[str, ContainerRunState], ...]] = {}
+        # The pods whose running sync has yet to take its last look at the runtime, which will
+        # see every container started so far (`saw`).
+        self._will_look: set[str] = set()
         self._refused: set[str] = set()  # uid/name of ephemeral containers said to be refused
         # Called once a pod's containers are all stopped (e.g. for the API's final delete).
         self._terminated_listeners: list[Callable[[str, Pod | None], Awaitable[None]]] = []
@@ -208,15 +211,22 @@ class PodSync:
         self._first_seen.setdefault(uid, time.monotonic())
 
     def saw(self, uid: str, container_id: str, state: ContainerRunState) -> bool:
-        """Whether the pod's last finished sync saw the container in this state: a PLEG event
-        that tells only that (the start a sync made and then looked at) needs no sync of its
-        own. (A sync started 1,000 containers, and the PLEG's events for them synced each pod
-        again, nothing changed, while later pods waited for their first start.)"""
+        """Whether the pod's status tells that the container is in this state: its last
+        finished sync saw it so, or (for a running container) its sync is running and has yet
+        to look at the runtime for the status, which will see it. A PLEG event that tells only
+        that (the start a sync made) needs no sync of its own. (A sync started 1,000
+        containers, and the PLEG's events for them synced each pod again, nothing changed,
+        while later pods waited for their first start; the once-a-second relist still found
+        about half of them started by a sync not yet finished.) A container that exited is
+        never taken as seen so: the running sync may have decided about it before."""
+        if state is ContainerRunState.RUNNING and uid in self._will_look:
+            return True
         return (container_id, state) in self._seen_states.get(uid, ())
 
     # --- SyncPod ------------------------------------------------------------------------------
 
     async def sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
+        self._will_look.add(pod.uid)
         try:
             if pod.metadata.annotations.get(CONFIG_SOURCE) == API_SOURCE:
                 async with self._api_syncs:
@@ -235,6 +245,8 @@ class PodSync:
             # the runtime's view only after the termination looked. Termination looks longer.
             self._interrupted.add(pod.uid)
             raise
+        finally:
+            self._will_look.discard(pod.uid)
 
     async def _sync_pod(self, update: UpdateType, pod: Pod) -> SyncResult:
         uid = pod.uid
@@ -276,6 +288,8 @@ class PodSync:
                 await self._sync_container(
                     pod, sandbox, spec, instances[spec.name], pod.spec.restart_policy, state
                 )
+        # From here, a container that starts is not in this look: its PLEG event syncs again.
+        self._will_look.discard(uid)
         runtime_pod = await self.runtime.get_pod(uid)
         self.prober.sync(pod, runtime_pod)
         status = compute_pod_status(

@@ -321,6 +321,30 @@ async def test_a_start_its_own_sync_saw_does_not_sync_the_pod_again(
     assert worker_runs("sync") > syncs
 
 
+async def test_a_start_seen_while_its_sync_goes_on_does_not_sync_the_pod_again(
+    make_node: NodeFactory,
+) -> None:
+    """The PLEG tells of the first container's start while the sync is still starting the
+    second: that sync's last look at the runtime will see the first one, so the event needs no
+    sync of its own (a relist in a burst found half of the pods so). An exit still does."""
+    node = await make_node()
+    node.runtime.behave("slow", start_delay=0.3)
+    syncs = worker_runs("sync")
+    pod = make_pod("two", containers=[container("quick"), container("slow")])
+    node.set_pods(pod)
+    await eventually("the quick one started", lambda: node.running(pod, "quick"))
+    assert not node.running(pod, "slow")  # its sync goes on
+    await node.started(pod)
+    status = await node.wait_phase(pod, "Running")
+    assert status.container_statuses is not None
+    assert all(c.state.running is not None for c in status.container_statuses)
+    await asyncio.sleep(pleg_module.RELIST_PERIOD * 1.5)  # a full relist too
+    assert worker_runs("sync") == syncs
+    node.runtime.exit_container(pod.uid, "quick", 1)
+    await eventually("the restart", lambda: len(node.runtime.containers(pod.uid)) == 3)
+    assert worker_runs("sync") > syncs
+
+
 async def test_a_spec_change_restarts_the_container(make_node: NodeFactory) -> None:
     node = await make_node()
     pod = make_pod("web")
