@@ -25,6 +25,7 @@ from typing import Any
 from bench import (
     cluster_scale,
     cluster_start,
+    cpucost,
     engine_floor,
     floor,
     fscost,
@@ -89,6 +90,8 @@ def main() -> int:
                 flush=True,
             )
     if "latency" in only:
+        results["spawn_capacity"] = cpucost.spawn_capacity()
+        print(cpucost.line(results["spawn_capacity"]), flush=True)
         results["latency_process"] = []
         for n in sizes:
             # The floor just before the agent, on the same manifests and writer: one ratio
@@ -219,6 +222,9 @@ def _latency_lines(r: dict[str, Any]) -> list[str]:
             f" | one delete p50 {1000 * gone['p50']:.1f} ms p99 {1000 * gone['p99']:.1f} ms "
             f"({gone['count']})"
         )
+    for p in r.get("pairs") or []:
+        if "cpu" in p["floor"] and "cpu" in p["start"]:
+            lines.append(cpucost.pair_line(n, p["floor"]["cpu"], p["start"]["cpu"]))
     pairs = r.get("pairs") or []
     if len(pairs) > 1:
         lines.append(

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from bench import quietdisk
+from bench import cpucost, quietdisk
 from bench.latency import Scenario, write_manifests
 from bench.stats import median_item, percentiles, runs_range
 from bench.targets import Target, at_most
@@ -110,9 +110,10 @@ def run(n: int, timeout: float = 60.0, keep: bool = False) -> dict[str, Any]:
                 raise RuntimeError(f"the floor loop exited with {proc.wait()}")
             reader = threading.Thread(target=read, daemon=True)
             reader.start()
-            written = write_manifests(manifests, scenario, 1)
-            if not all_spawned.wait(timeout):
-                raise RuntimeError(f"the floor spawned {len(spawned)} of {n} in {timeout}s")
+            with cpucost.window(proc.pid) as cpu:
+                written = write_manifests(manifests, scenario, 1)
+                if not all_spawned.wait(timeout):
+                    raise RuntimeError(f"the floor spawned {len(spawned)} of {n} in {timeout}s")
         finally:
             proc.terminate()
             try:
@@ -125,6 +126,7 @@ def run(n: int, timeout: float = 60.0, keep: bool = False) -> dict[str, Any]:
         "n": n,
         "start": percentiles(start),
         "all_running_seconds": round(max(spawned.values()) - min(written.values()), 3),
+        "cpu": cpu.figures,
     }
 
 

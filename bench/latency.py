@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench import fscost, quietdisk
+from bench import cpucost, fscost, quietdisk
 from bench.stats import percentiles
 from bench.targets import Target, at_most
 from tests.integration.agent import Agent
@@ -217,7 +217,11 @@ def run(
         if on_start is not None:
             on_start(agent)
         try:
-            with during_start(agent) if during_start is not None else nullcontext():
+            assert agent.proc is not None
+            with (
+                during_start(agent) if during_start is not None else nullcontext(),
+                cpucost.window(agent.proc.pid) as cpu,
+            ):
                 written = write_manifests(manifests, scenario, 1)
                 start_agent, start_poll, start_agent_total, start_total = _wait_running(
                     agent, n, written, {}, timeout
@@ -227,6 +231,7 @@ def run(
                 "external_poll": percentiles(start_poll),
                 "all_running_agent_observed_seconds": round(start_agent_total, 3),
                 "all_running_seconds": round(start_total, 3),
+                "cpu": cpu.figures,
             }
             if start_only:
                 return {"n": n, "start": start, "file_system": file_system}
