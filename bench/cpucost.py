@@ -2,11 +2,10 @@
 fastest spawns (issue 19: why the agent's bursts stay above 1.3x the floor's).
 
 - `window(pid)` reads a process's CPU time (user + system, all its threads) and the machine's
-  busy time at the start and at the end of a burst. The floor's process and the agent's are
-  measured the same way, from the first manifest written to the last process seen started (the
-  agent's by the poll of its /pods that saw it, up to 0.25 s later). The machine's figure
-  holds the containers' own start (their exec and dynamic loading), the bench's polls, and
-  whatever else ran on this shared machine meanwhile.
+  busy time through a burst. The floor's process and the agent's are measured the same way,
+  from the first manifest written to the last process started (within 20 ms: the samples'
+  spacing). The machine's figure holds the containers' own start (their exec and dynamic
+  loading), the bench's polls, and whatever else ran on this shared machine meanwhile.
 - `spawn_capacity()` times the least the machine takes per spawn of a `sleep`: one thread
   spawning back to back as the floor does (os.posix_spawnp), and two threads spawning side by
   side through pykubelet's own posix_spawn without the interpreter lock. On 2 cores the
@@ -27,6 +26,7 @@ from pykubelet.runtime.process import posixspawn
 
 _TICK = os.sysconf("SC_CLK_TCK")
 SPAWNS = 400
+SAMPLE_SECONDS = 0.02  # /proc's CPU times count in 10 ms ticks
 
 
 def _process_seconds(pid: int) -> float:
@@ -42,22 +42,40 @@ def _machine_busy_seconds() -> float:
 
 
 class Window:
-    """CPU seconds between `begin` and `end` (filled in by `window`)."""
+    """The process's and the machine's CPU time, sampled every SAMPLE_SECONDS from `begin` to
+    `end` by a thread, so that a burst's figures can end when its last process started rather
+    than when the bench noticed it (`until`)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.figures: dict[str, float] = {}
-        self._start = (0.0, 0.0, 0.0)
+        self._samples: list[tuple[float, float, float]] = []  # wall time, process, machine
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-window", daemon=True)
+
+    def _sample(self) -> None:
+        self._samples.append((time.time(), _process_seconds(self.pid), _machine_busy_seconds()))
+
+    def _run(self) -> None:
+        while not self._done.wait(SAMPLE_SECONDS):
+            self._sample()
 
     def begin(self) -> None:
-        self._start = (_process_seconds(self.pid), _machine_busy_seconds(), time.monotonic())
+        self._sample()
+        self._thread.start()
 
     def end(self) -> None:
-        process, machine, at = self._start
-        self.figures = {
-            "process_cpu_seconds": round(_process_seconds(self.pid) - process, 2),
-            "machine_cpu_seconds": round(_machine_busy_seconds() - machine, 2),
-            "seconds": round(time.monotonic() - at, 3),
+        self._done.set()
+        self._thread.join()
+        self._sample()
+
+    def until(self, at: float) -> dict[str, float]:
+        """From `begin` to the first sample at or after wall time `at` (or the last one)."""
+        began, process, machine = self._samples[0]
+        last = next((s for s in self._samples if s[0] >= at), self._samples[-1])
+        return {
+            "process_cpu_seconds": round(last[1] - process, 2),
+            "machine_cpu_seconds": round(last[2] - machine, 2),
+            "seconds": round(last[0] - began, 3),
         }
 
 
@@ -65,8 +83,10 @@ class Window:
 def window(pid: int) -> Iterator[Window]:
     w = Window(pid)
     w.begin()
-    yield w
-    w.end()
+    try:
+        yield w
+    finally:
+        w.end()
 
 
 def spawn_capacity(spawns: int = SPAWNS) -> dict[str, Any]:

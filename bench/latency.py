@@ -231,7 +231,7 @@ def run(
                 "external_poll": percentiles(start_poll),
                 "all_running_agent_observed_seconds": round(start_agent_total, 3),
                 "all_running_seconds": round(start_total, 3),
-                "cpu": cpu.figures,
+                "cpu": cpu.until(min(written.values()) + start_agent_total),
             }
             if start_only:
                 return {"n": n, "start": start, "file_system": file_system}
