@@ -246,18 +246,21 @@ def _flamegraphs(sizes: list[int]) -> list[dict[str, Any]]:
         return []
     out = []
     for n in sizes:
-        try:
-            r = profile.flamegraph(n)
-        except Exception as exc:  # a missing flame graph must not lose the run's figures
-            print(f"flame graph n={n}: failed: {exc!r}", flush=True)
-            continue
-        out.append(r)
-        top = ", ".join(f"{share}% {frame}" for frame, share in r["top"][:5])
-        print(
-            f"flame graph n={n:>4}: {r['svg']} (start p99 "
-            f"{r['start']['agent_observed']['p99']:.3f}s under py-spy); top self time: {top}",
-            flush=True,
-        )
+        for gil in (False, True):
+            try:
+                r = profile.flamegraph(n, gil=gil)
+            except Exception as exc:  # a missing flame graph must not lose the run's figures
+                print(f"flame graph n={n}: failed: {exc!r}", flush=True)
+                continue
+            out.append(r)
+            top = ", ".join(f"{share}% {frame}" for frame, share in r["top"][:5])
+            held = f", the interpreter lock held {r['lock_held_seconds']:.2f} s" if gil else ""
+            print(
+                f"flame graph n={n:>4}: {r['svg']} (start p99 "
+                f"{r['start']['agent_observed']['p99']:.3f}s under py-spy{held}); top "
+                f"{'lock-held ' if gil else ''}self time: {top}",
+                flush=True,
+            )
     return out
 
 

@@ -1,6 +1,12 @@
 """py-spy profiles of the agent: a recorder any scenario can wrap around a phase, the flame
 graphs `make bench` keeps (bench/flamegraphs/), and the top self-time frames of a profile.
 
+Each burst gets two flame graphs: every thread's samples while it runs (process-N.svg: a thread
+in a system call counts, an fsync waiting for the disk too), and only those of the thread that
+holds the interpreter lock (process-N-gil.svg, py-spy --gil): the agent's Python runs under that
+one lock, and in a start burst it is what bounds the agent (README, "Benchmarks"). Its sample
+count over the rate is about how long the lock was held.
+
 python -m bench.profile [N]   the whole N-pod latency scenario (default 1,000), raw; prints the
                               top hot spots (needs py-spy, the `bench` extra: py-spy==0.4.3)
 """
@@ -35,11 +41,14 @@ def py_spy() -> str | None:
     return spy if Path(spy).exists() else None
 
 
-def start_recorder(pid: int, out: Path, fmt: str = "raw") -> subprocess.Popen[bytes]:
+def start_recorder(
+    pid: int, out: Path, fmt: str = "raw", gil: bool = False
+) -> subprocess.Popen[bytes]:
     """py-spy sampling pid until it exits or gets SIGINT; returns once py-spy samples.
 
     --nonblocking: the agent is never paused to be read, so its timings stay its own (at the
-    price of a rare torn stack); idle threads are left out (no --idle)."""
+    price of a rare torn stack); idle threads are left out (no --idle). `gil`: only the thread
+    holding the interpreter lock is sampled."""
     spy = py_spy()
     if spy is None:
         raise RuntimeError("py-spy is not installed: pip install -e '.[bench]'")
@@ -47,6 +56,7 @@ def start_recorder(pid: int, out: Path, fmt: str = "raw") -> subprocess.Popen[by
         [
             *(spy, "record", "--pid", str(pid), "--format", fmt, "--rate", str(RATE)),
             *("--output", str(out), "--nonblocking"),
+            *(("--gil",) if gil else ()),
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -61,9 +71,9 @@ def start_recorder(pid: int, out: Path, fmt: str = "raw") -> subprocess.Popen[by
 
 
 @contextmanager
-def recording(pid: int, out: Path, fmt: str = "flamegraph") -> Iterator[None]:
+def recording(pid: int, out: Path, fmt: str = "flamegraph", gil: bool = False) -> Iterator[None]:
     """Profile pid while the block runs; py-spy writes out when it leaves."""
-    recorder = start_recorder(pid, out, fmt)
+    recorder = start_recorder(pid, out, fmt, gil)
     try:
         yield
     finally:
@@ -73,17 +83,21 @@ def recording(pid: int, out: Path, fmt: str = "flamegraph") -> Iterator[None]:
             raise RuntimeError(f"py-spy failed ({recorder.returncode}): {err.decode()[-500:]}")
 
 
-def flamegraph(n: int, directory: Path = FLAMEGRAPHS) -> dict[str, Any]:
-    """A flame graph of the agent while n manifests written at once start (process-N.svg)."""
+def flamegraph(n: int, directory: Path = FLAMEGRAPHS, gil: bool = False) -> dict[str, Any]:
+    """A flame graph of the agent while n manifests written at once start (process-N.svg, or
+    process-N-gil.svg with `gil`: the lock holder's samples alone, and the seconds they make)."""
     directory.mkdir(exist_ok=True)
-    out = directory / f"process-{n}.svg"
+    out = directory / (f"process-{n}-gil.svg" if gil else f"process-{n}.svg")
 
     def during(agent: Agent) -> Any:
         assert agent.proc is not None
-        return recording(agent.proc.pid, out)
+        return recording(agent.proc.pid, out, gil=gil)
 
     result = latency.run(n, during_start=during, start_only=True)
-    return {"n": n, "svg": str(out), "start": result["start"], "top": svg_self_time(out)}
+    r = {"n": n, "gil": gil, "svg": str(out), "start": result["start"], "top": svg_self_time(out)}
+    if gil:
+        r["lock_held_seconds"] = round(svg_samples(out) / RATE, 2)
+    return r
 
 
 _FRAME = re.compile(
@@ -121,6 +135,12 @@ def svg_self_time(svg: Path, top: int = 12) -> list[tuple[str, float]]:
             i += 1
         self_time[title] += w - inner
     return [(t, round(100 * c / total, 1)) for t, c in self_time.most_common(top)]
+
+
+def svg_samples(svg: Path) -> int:
+    """All the samples of a py-spy flame graph (its widest frame's)."""
+    widths = [int(m["w"]) for m in _FRAME.finditer(svg.read_text())]
+    return max(widths, default=0)
 
 
 def raw_self_time(raw: Path, top: int = 15) -> list[tuple[str, float]]:
