@@ -223,7 +223,7 @@ def _latency_lines(r: dict[str, Any]) -> list[str]:
             f"({gone['count']})"
         )
     for p in r.get("pairs") or []:
-        if "cpu" in p["floor"] and "cpu" in p["start"]:
+        if p["floor"].get("cpu") and p["start"].get("cpu"):
             lines.append(cpucost.pair_line(n, p["floor"]["cpu"], p["start"]["cpu"]))
     pairs = r.get("pairs") or []
     if len(pairs) > 1:

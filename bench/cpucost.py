@@ -53,7 +53,11 @@ class Window:
         self._thread = threading.Thread(target=self._run, name="cpu-window", daemon=True)
 
     def _sample(self) -> None:
-        self._samples.append((time.time(), _process_seconds(self.pid), _machine_busy_seconds()))
+        try:
+            process = _process_seconds(self.pid)
+        except OSError:
+            return  # gone (a floor or an agent that failed): its error is the caller's to tell
+        self._samples.append((time.time(), process, _machine_busy_seconds()))
 
     def _run(self) -> None:
         while not self._done.wait(SAMPLE_SECONDS):
@@ -70,6 +74,8 @@ class Window:
 
     def until(self, at: float) -> dict[str, float]:
         """From `begin` to the first sample at or after wall time `at` (or the last one)."""
+        if not self._samples:
+            return {}
         began, process, machine = self._samples[0]
         last = next((s for s in self._samples if s[0] >= at), self._samples[-1])
         return {
