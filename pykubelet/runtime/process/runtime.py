@@ -105,6 +105,7 @@ from pykubelet.runtime.process.spawn import (
     spawn_launched,
     spawn_prepared,
     spawns_unlocked,
+    state_write_error,
 )
 from pykubelet.runtime.process.statewriter import StateWriter
 from pykubelet.runtime.process.termination import exit_message, message_bind, own_file
@@ -576,11 +577,7 @@ class ProcessRuntime:
         except BaseException as e:
             await asyncio.to_thread(statefile.remove, starting)
             if isinstance(e, OSError):
-                # No space or inodes left under --root-dir: the container cannot be created.
-                raise StartError(
-                    "CreateContainerError",
-                    f"cannot write the container's state: {os_reason(e)}",
-                ) from e
+                raise state_write_error(e) from e
             raise
         return _Spawned(pid, pidfd, 0, False, None)
 
@@ -631,10 +628,7 @@ class ProcessRuntime:
                 prepared.add_done_callback(_close_opened)
                 raise
         except OSError as e:
-            # No space or inodes left under --root-dir: the container cannot be created.
-            raise StartError(
-                "CreateContainerError", f"cannot write the container's state: {os_reason(e)}"
-            ) from e
+            raise state_write_error(e) from e
         if launch is not None:
             launch["pods_dir"] = str(self._volumes_dir)
         procs: list[str] = []

@@ -386,6 +386,12 @@ def _clone_trees(launch: dict[str, Any]) -> list[int]:
     return trees
 
 
+def state_write_error(e: OSError) -> StartError:
+    """A container's files that cannot be made under --root-dir (no space, no inodes): the
+    kubelet's CreateContainerError, as a start that cannot be created."""
+    return StartError("CreateContainerError", f"cannot write the container's state: {os_reason(e)}")
+
+
 def _start_launcher(
     launch: dict[str, Any],
     log_path: Path,
@@ -401,10 +407,7 @@ def _start_launcher(
         try:
             prepare()
         except OSError as e:
-            # No space or inodes left under --root-dir: the container cannot be created.
-            raise StartError(
-                "CreateContainerError", f"cannot write the container's state: {os_reason(e)}"
-            ) from e
+            raise state_write_error(e) from e
     trees = _clone_trees(launch)
     try:
         try:
