@@ -218,10 +218,15 @@ def test_memory_limit_is_enforced_and_reported_as_oomkilled(
     start_agent: Callable[..., Agent], manifests: Path, backend: Backend
 ) -> None:
     # dd, as PID 1, allocates its 200 MB block at once: the kernel kills it, not some child.
+    # A second first, as test_docs_pods' memory-demo-2 and Kubernetes' own OOM e2e test
+    # (kubernetes#116082): containerd 1.6 drops an OOM that comes before StartContainer has
+    # returned (containerd#8180), and the container stays an Error for good.
     write_pod(
         manifests,
         "hog",
-        pod_yaml("hog", "exec dd if=/dev/zero of=/dev/null bs=200M count=1", restart="Never")
+        pod_yaml(
+            "hog", "sleep 1; exec dd if=/dev/zero of=/dev/null bs=200M count=1", restart="Never"
+        )
         + "    resources: {limits: {memory: 32Mi, cpu: 250m}}\n",
     )
     agent = start_agent(*backend.flags)
