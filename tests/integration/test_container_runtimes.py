@@ -202,7 +202,11 @@ def test_containers_of_a_pod_share_localhost_hostname_and_pod_ip(
     pod_ip = pod["status"]["podIP"]
     assert pod_ip and pod["status"]["podIPs"] == [{"ip": pod_ip}]
 
-    log = wait_for("client reached the server", lambda: agent.logs("duo", "client"))
+    # Both lines: the log may be read between wget's output and ip's.
+    log = wait_for(
+        "client reached the server and printed its address",
+        lambda: (text := agent.logs("duo", "client")) and len(text.splitlines()) >= 2 and text,
+    )
     # Over localhost, from a server whose hostname is the pod's (UTS namespace shared).
     assert log.splitlines()[0] == f"duo-{NODE}", log
     assert f"inet {pod_ip}/" in log, log
