@@ -36,7 +36,8 @@ def test_host_paths_and_privileged_containers_need_the_nodes_consent(
             "reader",
             f"[{{name: h, hostPath: {{path: {shared}, type: Directory}}}}]",
             "[{name: h, mountPath: /mnt, readOnly: true}]",
-            f"cat /mnt/greeting; touch /mnt/x 2>/dev/null || echo read-only; {forever}",
+            f"cat /mnt/greeting; touch /mnt/x 2>/dev/null && echo writable || echo read-only; "
+            f"{forever}",
         ),
     )
     write_pod(
@@ -55,12 +56,13 @@ def test_host_paths_and_privileged_containers_need_the_nodes_consent(
         pod("privileged", "[]", "[]", forever, "    securityContext: {privileged: true}\n"),
     )
     agent = start_agent(*backend.flags, "--allowed-host-paths", str(shared))
+    # All five words: the log may be read between cat's output and the touch's verdict.
     lines = wait_for(
         "reader output",
-        lambda: (out := agent.logs("reader", "main").split()) and len(out) > 3 and out,
+        lambda: (out := agent.logs("reader", "main").split()) and len(out) > 4 and out,
     )
     assert lines[:4] == ["hello", "from", "the", "host"]
-    assert "read-only" in lines
+    assert lines[4] == "read-only", lines
     refused = wait_for(
         "outside refused",
         lambda: (p := agent.pod("outside")) and p["status"].get("phase") == "Failed" and p,
