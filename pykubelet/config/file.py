@@ -26,7 +26,7 @@ from pykubelet.api.decode import decode_pod
 from pykubelet.api.errors import FieldError, ManifestError
 from pykubelet.api.model import Pod
 from pykubelet.api.static import apply_static_defaults
-from pykubelet.common import metrics
+from pykubelet.common import lockedio, metrics
 from pykubelet.common.events import EventRecorder, ObjectRef
 from pykubelet.config.types import FILE_SOURCE, Op, PodUpdate
 
@@ -157,7 +157,8 @@ class ManifestDirectory:
         """The entry of `path` now (read again only if its signature changed), or None if it
         is not a manifest file any more."""
         try:
-            st = path.stat()
+            # Through lockedio, as the read below: this runs in a thread beside the busy loop.
+            st = lockedio.stat(str(path))
         except OSError as exc:
             try:
                 link = path.lstat()
@@ -185,7 +186,7 @@ class ManifestDirectory:
     ) -> _Entry:
         last_good = previous.pod if previous else None
         try:
-            pod = decode_pod(path.read_bytes(), str(path))
+            pod = decode_pod(lockedio.read_file(str(path), signature[2]), str(path))
             pod = apply_static_defaults(pod, self.node_name, FILE_SOURCE, str(path))
         except ManifestError as exc:
             return _Entry(signature, last_good, exc)

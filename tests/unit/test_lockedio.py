@@ -34,3 +34,49 @@ def test_errors_are_os_errors_of_their_kind_naming_the_path(tmp_path: Path) -> N
     with pytest.raises(OSError) as closed:
         lockedio.close_fd(987654, "fd 987654")
     assert closed.value.filename == "fd 987654"
+
+
+def test_stat_says_what_os_stat_says(tmp_path: Path) -> None:
+    regular, directory, link = tmp_path / "pod.yaml", tmp_path / "dir", tmp_path / "link.yaml"
+    regular.write_bytes(b"x" * 12_345)
+    directory.mkdir()
+    link.symlink_to(regular)
+    for path in (regular, directory, link, Path("/proc/self/status")):
+        ours, theirs = lockedio.stat(str(path)), os.stat(path)
+        assert (ours.st_mode, ours.st_dev, ours.st_ino, ours.st_size, ours.st_mtime_ns) == (
+            theirs.st_mode,
+            theirs.st_dev,
+            theirs.st_ino,
+            theirs.st_size,
+            theirs.st_mtime_ns,
+        ), path
+    missing = str(tmp_path / "gone.yaml")
+    with pytest.raises(FileNotFoundError) as e:
+        lockedio.stat(missing)
+    assert e.value.filename == missing
+
+
+def test_read_file_reads_all_of_it_whatever_the_hint(tmp_path: Path) -> None:
+    path = tmp_path / "pod.json"
+    content = bytes(range(256)) * 100  # larger than a read of the default buffer
+    path.write_bytes(content)
+    for hint in (0, 10, len(content), len(content) * 2):
+        assert lockedio.read_file(str(path), hint) == content
+    path.write_bytes(b"")
+    assert lockedio.read_file(str(path)) == b""
+    fifo = tmp_path / "fifo.yaml"  # put where a manifest was: read as empty, not waited on
+    os.mkfifo(fifo)
+    assert lockedio.read_file(str(fifo)) == b""
+    with pytest.raises(IsADirectoryError) as e:
+        lockedio.read_file(str(tmp_path))
+    assert e.value.filename == str(tmp_path)
+
+
+def test_mkdir_makes_one_directory_with_its_mode(tmp_path: Path) -> None:
+    path = str(tmp_path / "pod")
+    lockedio.mkdir(path, 0o700)
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    with pytest.raises(FileExistsError):
+        lockedio.mkdir(path, 0o700)
+    with pytest.raises(FileNotFoundError):
+        lockedio.mkdir(str(tmp_path / "no" / "parent"), 0o700)
