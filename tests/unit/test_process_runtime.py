@@ -169,7 +169,7 @@ def test_statefile_atomic_write_and_corrupt_read(tmp_path: Path) -> None:
     assert stat.S_IMODE(d.stat().st_mode) == 0o700
     path = d / "x.json"
     for value in (1, 2):
-        assert statefile.write_json_many([(path, {"k": value}, None, False)]) == [None]
+        assert statefile.write_json_many([statefile.StateWrite(path, {"k": value})]) == [None]
     assert statefile.read_json(path) == {"k": 2}
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(p.name for p in d.iterdir()) == ["x.json"]  # no temporary left behind
@@ -240,7 +240,7 @@ def test_a_state_file_s_content_can_be_made_in_the_writer_s_thread(tmp_path: Pat
 
     ok, bad = tmp_path / "ok.json", tmp_path / "bad.json"
     errors = statefile.write_json_many(
-        [(ok, lambda: {"k": 1}, None, False), (bad, failing, None, False)]
+        [statefile.StateWrite(ok, lambda: {"k": 1}), statefile.StateWrite(bad, failing)]
     )
     assert errors[0] is None and isinstance(errors[1], OSError)
     assert statefile.read_json(ok) == {"k": 1} and not bad.exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -60,4 +61,61 @@ async def test_a_large_batch_split_among_threads_gives_each_file_its_own_result(
         else:
             assert result is None, (i, result)
             assert json.loads(p.read_text()) == {"n": i}
+    await asyncio.to_thread(writer.close)
+
+
+class FsyncLog:
+    """os.fsync, recording the path of each fd it syncs (the disk is outside the unit); a new
+    content is synced in its temporary file, recorded as "<path> (new)"."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self._fsync = os.fsync
+
+    def __call__(self, fd: int) -> None:
+        directory, name = os.path.split(os.readlink(f"/proc/self/fd/{fd}"))
+        if name.startswith(".") and name.endswith(".tmp"):
+            name = name[1:].rsplit(".", 3)[0] + " (new)"
+        self.paths.append(os.path.join(directory, name))
+        self._fsync(fd)
+
+
+async def test_an_unsynced_file_is_synced_by_the_next_durable_write_in_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fsyncs = FsyncLog()
+    monkeypatch.setattr(os, "fsync", fsyncs)
+    writer = StateWriter()
+    pod, other = tmp_path / "pod", tmp_path / "other"
+    await writer.write(pod / "sandbox.json", {"id": "s"}, make_dir=True, durable=False)
+    await writer.write(other / "sandbox.json", {"id": "o"}, make_dir=True, durable=False)
+    # In place at once (an agent that dies now finds it), and nothing synced yet.
+    assert json.loads((pod / "sandbox.json").read_text()) == {"id": "s"}
+    assert fsyncs.paths == []
+
+    await writer.write(pod / "c.json", {"n": 1})
+    # The new file, the unsynced one beside it, then their directory; not the other pod's.
+    assert fsyncs.paths == [f"{pod / 'c.json'} (new)", str(pod / "sandbox.json"), str(pod)]
+    fsyncs.paths.clear()
+    await writer.write(pod / "c.json", {"n": 2})
+    assert fsyncs.paths == [f"{pod / 'c.json'} (new)", str(pod)]  # synced once is enough
+
+    # A directory removed before anything durable was written there is forgotten.
+    (other / "sandbox.json").unlink()
+    other.rmdir()
+    writer.forget(other)
+    fsyncs.paths.clear()
+    await writer.write(other / "c.json", {"n": 3}, make_dir=True)
+    assert fsyncs.paths == [f"{other / 'c.json'} (new)", str(other)]
+    await asyncio.to_thread(writer.close)
+
+
+async def test_an_unsynced_file_gone_before_the_durable_write_does_not_fail_it(
+    tmp_path: Path,
+) -> None:
+    writer = StateWriter()
+    await writer.write(tmp_path / "sandbox.json", {"id": "s"}, durable=False)
+    (tmp_path / "sandbox.json").unlink()
+    await writer.write(tmp_path / "c.json", {"n": 1})
+    assert json.loads((tmp_path / "c.json").read_text()) == {"n": 1}
     await asyncio.to_thread(writer.close)

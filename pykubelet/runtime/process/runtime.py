@@ -420,9 +420,11 @@ class ProcessRuntime:
             )
             pod_dir = self._pod_dir(pod.uid)
             try:
-                # In the state files' batch: a burst's sandboxes share their thread hops and
-                # their directory fsyncs with the containers' records.
-                await self._state.write(pod_dir / SANDBOX_FILE, sandbox.to_json(), make_dir=True)
+                # In the state files' batch: a burst's sandboxes share their thread hops. Not
+                # synced until the pod's first container record is (statefile.py says why).
+                await self._state.write(
+                    pod_dir / SANDBOX_FILE, sandbox.to_json(), make_dir=True, durable=False
+                )
             except OSError as e:
                 why = os_reason(e, pod_dir)
                 raise RuntimeFailure(f"cannot write the sandbox's state: {why}") from e
@@ -462,6 +464,7 @@ class ProcessRuntime:
                 await asyncio.to_thread(_remove_tree, self._pod_dir(uid))
             except OSError as e:
                 raise RuntimeFailure(f"cannot delete the files of pod {uid}: {e}") from e
+            self._state.forget(self._pod_dir(uid))
             self._pods.pop(uid, None)
             self._changed()
         self._pod_locks.pop(uid, None)

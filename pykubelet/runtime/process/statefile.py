@@ -5,11 +5,18 @@ temporary file in the same directory, is fsynced, renamed over the old one, and 
 fsynced so that the rename itself is durable. Files are 0600 and directories 0700 because state
 and logs may hold secrets (environment values, command lines).
 
+A file may also be written unsynced (`durable=False`): renamed into place all the same, so that
+an agent that dies finds it (the page cache outlives the process), and made durable by the next
+durable write into its directory. The process runtime writes a sandbox record so: no process
+survives the machine, and until one of its containers is recorded (durably, the sandbox record
+with it) a sandbox record lost with the machine loses nothing the pod needs.
+
 These functions block (fsync): call them from a thread (`asyncio.to_thread`) when latency matters.
 
-Open, write, close and rename keep the interpreter lock (`common/lockedio.py`): with another
-thread running Python a state file took 43 ms, each of its calls waiting to have the lock back;
-12 ms now. fsync, which waits for the disk, still lets it go.
+Open, write, close, rename and a pod directory's mkdir keep the interpreter lock
+(`common/lockedio.py`): with another thread running Python a state file took 43 ms, each of its
+calls waiting to have the lock back; 12 ms now. fsync, which waits for the disk, still lets it
+go.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import contextlib
 import itertools
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from pykubelet.common import lockedio
 from pykubelet.common.lockedio import close_fd, open_fd, rename, write_all
 
 DIR_MODE = 0o700
@@ -58,53 +67,90 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(TMP_SUFFIX)
 
 
-def write_json_many(items: list[tuple[Path, Any, Path | None, bool]]) -> list[OSError | None]:
-    """Each `path` atomically replaced by its `data` as JSON, for each (path, data, then_remove,
-    make_dir), with one fsync per directory for all the renames into it; once a file is durable
-    its `then_remove` (if any) is deleted; with `make_dir` a missing directory is made first
-    (`ensure_dir`). A callable `data` is called here (in the writer's thread) for the object;
-    an OSError it raises is its item's error. Returns each item's error or None: one bad file
-    does not fail the others (nor does a `then_remove` that cannot be deleted).
+class StateWrite(NamedTuple):
+    """One file for `write_json_many`: `path` replaced by `data` (a callable is called in the
+    writer's thread); then `then_remove` deleted; `make_dir`: its directory made if missing.
+    `durable=False`: renamed into place unsynced (see `write_json_many`)."""
 
-    The guarantee of the module: each file's content is fsynced before its rename, and the
-    rename is durable (its directory fsynced) before this returns or its `then_remove` goes."""
+    path: Path
+    data: Any
+    then_remove: Path | None = None
+    make_dir: bool = False
+    durable: bool = True
+
+
+def write_json_many(
+    items: list[StateWrite], also_fsync: Collection[Path] = ()
+) -> list[OSError | None]:
+    """Each item's `path` atomically replaced by its `data` as JSON, with one fsync per
+    directory for all the renames into it; once a file is durable its `then_remove` (if any) is
+    deleted. An OSError of `data` is its item's error. Returns each item's error or None: one
+    bad file does not fail the others (nor does a `then_remove` that cannot be deleted).
+
+    The guarantee of the module: each durable file's content is fsynced before its rename, and
+    the rename is durable (its directory fsynced) before this returns or its `then_remove` goes.
+    A file written with `durable=False` is in place when this returns (an agent that dies then
+    finds it) and becomes durable with a later durable write into its directory that names it
+    in `also_fsync`: its content is fsynced before that directory is (one missing by then is
+    skipped; one that cannot be fsynced fails that directory's items)."""
     errors: list[OSError | None] = [None] * len(items)
     dirs: dict[str, list[int]] = {}
-    for i, (path, data, _, make_dir) in enumerate(items):
-        directory, name = os.path.split(path)
+    for i, item in enumerate(items):
+        directory, name = os.path.split(item.path)
         try:
-            if callable(data):
-                data = data()
-            if make_dir:
+            data = item.data() if callable(item.data) else item.data
+            if item.make_dir:
                 # Mostly a new pod's: made first, rather than found missing by the write.
                 try:
-                    os.mkdir(directory, DIR_MODE)
+                    lockedio.mkdir(directory, DIR_MODE)
                 except FileExistsError:
                     pass
                 except FileNotFoundError:
                     ensure_dir(Path(directory))
-            _replace(directory, name, data)
+            _replace(directory, name, data, item.durable)
         except OSError as e:
             errors[i] = e
             continue
-        dirs.setdefault(directory, []).append(i)
+        if item.durable:
+            dirs.setdefault(directory, []).append(i)
+    for path in also_fsync:
+        indexes = dirs.get(str(path.parent))
+        if indexes is None:
+            continue
+        try:
+            _fsync_file(str(path))
+        except FileNotFoundError:
+            continue  # removed since (its pod's directory with it, most likely)
+        except OSError as e:
+            for i in indexes:
+                errors[i] = e
     for directory, indexes in dirs.items():
+        if all(errors[i] is not None for i in indexes):
+            continue
         try:
             fsync_dir(Path(directory))
         except OSError as e:
             for i in indexes:
                 errors[i] = e
-    for i, (_, _, then_remove, _) in enumerate(items):
-        if errors[i] is None and then_remove is not None:
+    for i, item in enumerate(items):
+        if errors[i] is None and item.then_remove is not None:
             # The file is written: a leftover that cannot be deleted is the reader's to skip.
             with contextlib.suppress(OSError):
-                remove(then_remove)
+                remove(item.then_remove)
     return errors
 
 
-def _replace(directory: str, name: str, data: Any) -> None:
-    """The new content fsynced and renamed over `directory`/`name`; the directory is not
-    fsynced. Strings, not Paths, and no mkstemp: this runs for every state file of a burst,
+def _fsync_file(path: str) -> None:
+    fd = open_fd(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        close_fd(fd, path)
+
+
+def _replace(directory: str, name: str, data: Any, sync: bool = True) -> None:
+    """The new content (fsynced if `sync`) renamed over `directory`/`name`; the directory is
+    not fsynced. Strings, not Paths, and no mkstemp: this runs for every state file of a burst,
     and its Python holds the interpreter lock the event loop needs."""
     # One line, no indent: json's C encoder (with an indent it encodes in Python, the largest
     # share of a burst's state-file CPU).
@@ -121,7 +167,8 @@ def _replace(directory: str, name: str, data: Any) -> None:
     try:
         try:
             write_all(fd, payload, tmp)
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             close_fd(fd, tmp)
         rename(tmp, os.path.join(directory, name))
