@@ -6,10 +6,11 @@ fsynced so that the rename itself is durable. Files are 0600 and directories 070
 and logs may hold secrets (environment values, command lines).
 
 A file may also be written unsynced (`durable=False`): renamed into place all the same, so that
-an agent that dies finds it (the page cache outlives the process), and made durable by the next
-durable write into its directory. The process runtime writes a sandbox record so: no process
-survives the machine, and until one of its containers is recorded (durably, the sandbox record
-with it) a sandbox record lost with the machine loses nothing the pod needs.
+an agent that dies finds it (the page cache outlives the process), and made durable by a later
+durable write into its directory that names it (`also_fsync`; statewriter.py keeps track). The
+process runtime writes a sandbox record so: no process survives the machine, and until one of
+its containers is recorded (durably, the sandbox record with it) a sandbox record lost with the
+machine loses nothing the pod needs.
 
 These functions block (fsync): call them from a thread (`asyncio.to_thread`) when latency matters.
 
