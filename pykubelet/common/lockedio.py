@@ -42,9 +42,11 @@ _read.restype = ctypes.c_ssize_t
 _mkdir = _LIBC.mkdir
 _mkdir.argtypes = [ctypes.c_char_p, ctypes.c_uint]
 _mkdir.restype = ctypes.c_int
-_statx = _LIBC.statx  # glibc 2.28
-_statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
-_statx.restype = ctypes.c_int
+# glibc 2.28 has statx; before it, os.stat (which lets the lock go) does.
+_statx = getattr(_LIBC, "statx", None)
+if _statx is not None:
+    _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
+    _statx.restype = ctypes.c_int
 _AT_FDCWD = -100
 _STATX_BASIC_STATS = 0x7FF
 # struct statx (linux/stat.h) up to stx_dev_minor, the same on every architecture: mask,
@@ -108,6 +110,9 @@ class Stat:
 
 
 def stat(path: str) -> Stat:
+    if _statx is None:
+        st = os.stat(path)
+        return Stat(st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     buf = ctypes.create_string_buffer(_STATX_SIZE)
     encoded = os.fsencode(path)
     while _statx(_AT_FDCWD, encoded, 0, _STATX_BASIC_STATS, buf) != 0:

@@ -80,3 +80,15 @@ def test_mkdir_makes_one_directory_with_its_mode(tmp_path: Path) -> None:
         lockedio.mkdir(path, 0o700)
     with pytest.raises(FileNotFoundError):
         lockedio.mkdir(str(tmp_path / "no" / "parent"), 0o700)
+
+
+def test_stat_without_statx_in_the_c_library_says_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text("kind: Pod\n")
+    with_statx = lockedio.stat(str(path))
+    monkeypatch.setattr(lockedio, "_statx", None)  # a glibc older than 2.28
+    assert lockedio.stat(str(path)) == with_statx
+    with pytest.raises(FileNotFoundError):
+        lockedio.stat(str(tmp_path / "gone.yaml"))
