@@ -38,11 +38,15 @@ def _terminated(agent, name: str) -> dict | None:  # type: ignore[no-untyped-def
 def test_memory_limit_is_enforced_and_reported_as_oomkilled(
     start_agent, manifests: Path, backend: Backend
 ) -> None:  # type: ignore[no-untyped-def]
-    # dd allocates its 200 MB block at once and fills it: the kernel kills it at the limit.
+    # dd allocates its 200 MB block at once and fills it: the kernel kills it at the limit. A
+    # second's sleep first: containerd 1.6 drops an OOM that comes before StartContainer
+    # returned (containerd#8180), and the container stays an Error for good.
     write_pod(
         manifests,
         "hog",
-        pod_yaml("hog", "exec dd if=/dev/zero of=/dev/null bs=200M count=1", restart="Never")
+        pod_yaml(
+            "hog", "sleep 1; exec dd if=/dev/zero of=/dev/null bs=200M count=1", restart="Never"
+        )
         + "    resources: {limits: {memory: 32Mi, cpu: 500m}}\n",
     )
     write_pod(manifests, "calm", pod_yaml("calm", backend.forever()))
