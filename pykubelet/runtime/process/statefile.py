@@ -55,12 +55,13 @@ def ensure_dir(path: Path) -> None:
     path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = open_fd(str(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _fsync(path: str, flags: int = 0) -> None:
+    """fsync a file, or a directory with `flags` O_DIRECTORY."""
+    fd = open_fd(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         os.fsync(fd)
     finally:
-        close_fd(fd, str(path))
+        close_fd(fd, path)
 
 
 def is_temporary(name: str) -> bool:
@@ -119,7 +120,7 @@ def write_json_many(
         if indexes is None:
             continue
         try:
-            _fsync_file(str(path))
+            _fsync(str(path))
         except FileNotFoundError:
             continue  # removed since (its pod's directory with it, most likely)
         except OSError as e:
@@ -129,7 +130,7 @@ def write_json_many(
         if all(errors[i] is not None for i in indexes):
             continue
         try:
-            fsync_dir(Path(directory))
+            _fsync(directory, os.O_DIRECTORY)
         except OSError as e:
             for i in indexes:
                 errors[i] = e
@@ -139,14 +140,6 @@ def write_json_many(
             with contextlib.suppress(OSError):
                 remove(item.then_remove)
     return errors
-
-
-def _fsync_file(path: str) -> None:
-    fd = open_fd(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        close_fd(fd, path)
 
 
 def _replace(directory: str, name: str, data: Any, sync: bool = True) -> None:
