@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import re
 import time
@@ -24,6 +25,7 @@ from pykubelet.runtime.base import (
     RuntimeFailure,
     TerminalSize,
 )
+from pykubelet.runtime.process import ptyio
 from pykubelet.runtime.process.runtime import ProcessRuntime
 from tests.unit.test_process_runtime import (
     TIMEOUT,
@@ -157,6 +159,41 @@ async def test_a_terminal_its_size_and_its_eof(rt: ProcessRuntime) -> None:
         rest = await collect(stream)
         assert rest[STDERR] == b"" and rest[STDOUT].endswith(b"end\r\n")
         assert await finished(stream) == 0
+    finally:
+        await stream.close()
+
+
+class EioOnce:
+    """The `os` module, as ptyio.py sees it, but for the kernel's race at a terminal's close:
+    the first read fails with EIO although output is still there (the kernel looked for input
+    just before the last slave fd closed behind it)."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def read(self, fd: int, n: int) -> bytes:
+        if not self.failed:
+            self.failed = True
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return os.read(fd, n)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+async def test_a_terminals_last_output_comes_after_an_eio(
+    rt: ProcessRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = await running(rt)
+    stream = await rt.exec_stream(
+        c, ["/bin/sh", "-c", "echo last line; exit 4"], [], stdin=False, tty=True
+    )
+    try:
+        assert await finished(stream) == 4  # exited: its terminal's slave is closed
+        fake = EioOnce()
+        monkeypatch.setattr(ptyio, "os", fake)
+        assert (await collect(stream))[STDOUT] == b"last line\r\n"
+        assert fake.failed
     finally:
         await stream.close()
 

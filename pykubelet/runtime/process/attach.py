@@ -32,7 +32,7 @@ from pathlib import Path
 from pykubelet.common.lightevent import LightEvent
 from pykubelet.runtime.base import STDOUT, RuntimeFailure
 from pykubelet.runtime.process import statefile
-from pykubelet.runtime.process.execstream import set_terminal_size
+from pykubelet.runtime.process.ptyio import read_terminal, set_terminal_size
 
 log = logging.getLogger(__name__)
 
@@ -169,13 +169,12 @@ class ContainerStdio:
         assert master is not None and log_fd is not None
         while True:
             try:
-                data = os.read(master, CHUNK)
+                data = read_terminal(master, CHUNK)
             except BlockingIOError:
                 await _ready(master, writer=False)
                 continue
             except OSError as e:
-                if e.errno != errno.EIO:  # EIO: every slave fd is closed (the container exited)
-                    log.warning("cannot read a container's terminal: %s", e)
+                log.warning("cannot read a container's terminal: %s", e)
                 return
             if not data:
                 return

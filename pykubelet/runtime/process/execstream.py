@@ -29,16 +29,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import fcntl
 import logging
 import os
 import signal
-import struct
 import termios
 from collections.abc import AsyncIterator, Callable
 
 from pykubelet.runtime.base import STDERR, STDOUT, RuntimeFailure, TerminalSize
 from pykubelet.runtime.process.processes import kill_group
+from pykubelet.runtime.process.ptyio import read_terminal, set_terminal_size
 from pykubelet.runtime.process.spawn import ExecPlan, spawn_attached
 
 log = logging.getLogger(__name__)
@@ -260,12 +259,10 @@ class ProcessExecStream:
     def _read(self, fd: int) -> bytes | None:
         """A chunk; b"" at its end; None if nothing is there now."""
         try:
-            return os.read(fd, CHUNK)
+            return read_terminal(fd, CHUNK) if self._tty else os.read(fd, CHUNK)
         except BlockingIOError:
             return None
         except OSError as e:
-            if e.errno == errno.EIO:  # a terminal whose every slave fd is closed
-                return b""
             raise RuntimeFailure(f"cannot read the command's output: {e}") from e
 
     def _drop_stdin(self) -> None:
@@ -342,14 +339,3 @@ class ProcessExecStream:
         for fd in self._fds:
             os.close(fd)
         self._fds.clear()
-
-
-def set_terminal_size(fd: int, width: int, height: int) -> None:
-    """The terminal's size (each clamped to 16 bits); OSError if `fd` is no terminal (any
-    more). The kernel sends SIGWINCH to the terminal's foreground process group."""
-    winsize = struct.pack("HHHH", _clamp(height), _clamp(width), 0, 0)  # rows, columns
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, winsize)
-
-
-def _clamp(n: int) -> int:
-    return max(0, min(int(n), 0xFFFF))
