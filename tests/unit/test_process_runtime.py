@@ -150,6 +150,10 @@ async def test_sandbox_is_idempotent_and_persisted(rt: ProcessRuntime, tmp_path:
     assert sb.ready and sb.ip == "10.1.2.3" and sb.pod_uid == pod.uid
     assert (await rt.run_sandbox(pod)).id == sb.id
     pod_dir = tmp_path / "runtime" / "process" / pod.uid
+    # Written with the pod's first container start, before that process exists: until then
+    # nothing runs that an agent started again would have to find.
+    assert not pod_dir.exists()
+    await rt.start_container(pod, sb, sh("exec sleep 600"))
     assert stat.S_IMODE(pod_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((pod_dir / "sandbox.json").stat().st_mode) == 0o600
     data = json.loads((pod_dir / "sandbox.json").read_text())
@@ -159,7 +163,8 @@ async def test_sandbox_is_idempotent_and_persisted(rt: ProcessRuntime, tmp_path:
     await other.start()
     loaded = await other.get_pod(pod.uid)
     assert loaded is not None and loaded.sandbox is not None and loaded.sandbox.id == sb.id
-    assert loaded.name == "web" and loaded.containers == []
+    assert loaded.name == "web"
+    assert [c.state for c in loaded.containers] == [ContainerRunState.RUNNING]
     await other.close()
 
 
