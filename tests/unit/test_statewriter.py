@@ -82,11 +82,16 @@ class FsyncLog:
         self._fsync(fd)
 
 
+@pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> FsyncLog:
+    log = FsyncLog()
+    monkeypatch.setattr(os, "fsync", log)
+    return log
+
+
 async def test_an_unsynced_file_is_synced_by_the_next_durable_write_in_its_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fsyncs: FsyncLog
 ) -> None:
-    fsyncs = FsyncLog()
-    monkeypatch.setattr(os, "fsync", fsyncs)
     writer = StateWriter()
     pod, other = tmp_path / "pod", tmp_path / "other"
     await writer.write(pod / "sandbox.json", {"id": "s"}, make_dir=True, durable=False)
@@ -124,10 +129,8 @@ async def test_an_unsynced_file_gone_before_the_durable_write_does_not_fail_it(
 
 
 async def test_a_file_its_caller_wrote_unsynced_is_synced_by_the_next_durable_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, fsyncs: FsyncLog
 ) -> None:
-    fsyncs = FsyncLog()
-    monkeypatch.setattr(os, "fsync", fsyncs)
     writer = StateWriter()
     pod = tmp_path / "runtime" / "pod"
     # As the process runtime's first start writes a sandbox record, in its own thread hop.
