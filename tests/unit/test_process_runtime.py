@@ -168,6 +168,57 @@ async def test_sandbox_is_idempotent_and_persisted(rt: ProcessRuntime, tmp_path:
     await other.close()
 
 
+async def test_a_sandbox_record_that_cannot_be_written_fails_the_start_naming_it(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    pod, sb = await new_pod(rt)
+    pod_dir = tmp_path / "runtime" / "process" / pod.uid
+    pod_dir.write_text("in the way")  # a file where the pod's directory goes
+    with pytest.raises(StartError) as e:
+        await rt.start_container(pod, sb, sh("exec sleep 600"))
+    assert e.value.reason == "CreateContainerError"
+    assert e.value.message == (
+        f"cannot write the container's state: {pod_dir}/sandbox.json: not a directory"
+    )
+    pod_dir.unlink()
+    started = await rt.start_container(pod, sb, sh("exec sleep 600"))  # and then it can
+    assert started.state is ContainerRunState.RUNNING
+
+
+async def test_a_sandbox_record_found_unsynced_is_synced_with_its_first_container_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = ProcessRuntime(tmp_path)
+    await first.start()
+    pod, sb = await new_pod(first)
+    c = await first.start_container(pod, sb, sh("exit 0"))
+    await wait_exited(first, c)
+    await first.close()
+    # As an agent killed after a pod's first start, before its container's record: the record
+    # gone, the sandbox's (written unsynced) left.
+    pod_dir = tmp_path / "runtime" / "process" / pod.uid
+    (pod_dir / f"{c.id}.json").unlink()
+
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def logged(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", logged)
+    again = ProcessRuntime(tmp_path)
+    await again.start()
+    try:
+        assert (await again.run_sandbox(pod)).id == sb.id
+        await again.start_container(pod, sb, sh("exec sleep 600"))
+        assert str(pod_dir / "sandbox.json") in synced
+        assert synced[-1] == str(pod_dir)  # before the directory that names it
+    finally:
+        await again.remove_pod(pod.uid)
+        await again.close()
+
+
 def test_statefile_atomic_write_and_corrupt_read(tmp_path: Path) -> None:
     d = tmp_path / "a" / "b"
     statefile.ensure_dir(d)

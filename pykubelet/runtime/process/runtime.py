@@ -101,6 +101,7 @@ from pykubelet.runtime.process.spawn import (
     open_log,
     os_reason,
     reap_exited,
+    settle,
     spawn,
     spawn_launched,
     spawn_prepared,
@@ -209,6 +210,10 @@ class ProcessRuntime:
         self._changed()
         for item in loaded:
             self._pods[item.pod.uid] = item.pod
+            if item.pod.sandbox is not None and not item.pod.containers:
+                # Maybe never synced (an agent killed between the pod's first start and its
+                # container's record): synced with the next container record, as when new.
+                self._state.unsynced(self._pod_dir(item.pod.uid) / SANDBOX_FILE)
             for rec in item.pod.containers.values():
                 if not rec.running:
                     rec.exited.set()
@@ -644,8 +649,12 @@ class ProcessRuntime:
             try:
                 log_fd = await asyncio.shield(prepared)
             except asyncio.CancelledError:
-                # A kill cancelled the sync: the thread goes on, and its log file is closed.
-                prepared.add_done_callback(_close_opened)
+                # A kill cancelled the sync: the hop is let finish before the pod's lock goes
+                # (it may be making the pod's directory, which a remove_pod waiting for that
+                # lock deletes), then its log file is closed and its marker removed.
+                await settle(prepared)
+                _close_opened(prepared)
+                await settle(asyncio.ensure_future(asyncio.to_thread(statefile.remove, starting)))
                 raise
         except OSError as e:
             raise state_write_error(e) from e
@@ -1010,7 +1019,11 @@ def _prepare_start(
     log file opened for spawn too (None if it cannot be, or the working directory is missing:
     spawn tries again and says why, naming the file or the directory)."""
     if sandbox is not None:
-        statefile.write_json_unsynced(marker.with_name(SANDBOX_FILE), sandbox)
+        path = marker.with_name(SANDBOX_FILE)
+        try:
+            statefile.write_json_unsynced(path, sandbox)
+        except OSError as e:  # named as the record, not as its temporary file
+            raise OSError(e.errno, e.strerror, str(path)) from e
     # No fsync: it guards against the agent dying, not the machine (whose processes die too).
     # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
     # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,

@@ -154,7 +154,7 @@ async def spawn_prepared(
     try:
         return await asyncio.shield(started)
     except asyncio.CancelledError:
-        await _finish(started)
+        await settle(started)
         if not started.cancelled() and started.exception() is None:
             await _kill_and_reap(*started.result())
         raise
@@ -474,7 +474,7 @@ def _start_served(
     return _watched(pid)
 
 
-async def _finish(awaitable: asyncio.Future[Any]) -> None:
+async def settle(awaitable: asyncio.Future[Any]) -> None:
     """Wait for `awaitable` through any number of cancellations (the caller re-raises after)."""
     while not awaitable.done():
         with contextlib.suppress(asyncio.CancelledError):
@@ -487,7 +487,7 @@ async def _kill_unrecorded(
     """The start was cancelled while its thread forked: once the thread is done, what it
     started is killed and reaped, before the caller's cleanup (its starting marker, the child's
     fds, the pod's lock) can run."""
-    await _finish(started)
+    await settle(started)
     if started.cancelled() or started.exception() is not None:
         return
     pid, pidfd, _, err_r = started.result()
@@ -499,8 +499,8 @@ async def _kill_and_reap(pid: int, pidfd: int, server: LaunchServer | None = Non
     """A launcher that must not go on (cancelled, stuck): killed, reaped, its pidfd closed."""
     kill_group(pid, signal.SIGKILL)
     try:
-        await _finish(asyncio.ensure_future(_readable(pidfd)))
-        await _finish(asyncio.ensure_future(reap_exited(pid, pidfd, server)))
+        await settle(asyncio.ensure_future(_readable(pidfd)))
+        await settle(asyncio.ensure_future(reap_exited(pid, pidfd, server)))
     finally:
         os.close(pidfd)
 

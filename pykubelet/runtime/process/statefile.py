@@ -210,6 +210,6 @@ def remove(path: Path) -> bool:
     """Delete `path` if it exists; whether it did."""
     try:
         path.unlink()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a parent is not one
         return False
     return True
