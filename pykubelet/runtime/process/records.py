@@ -3,11 +3,9 @@
 Each pod is a directory under the runtime's root; its sandbox and each container instance are
 JSON state files in it (written atomically by `statefile`):
 
-    <root>/runtime/process/<pod uid>/sandbox.json     (written by the pod's first start)
+    <root>/runtime/process/<pod uid>/sandbox.json
     <root>/runtime/process/<pod uid>/<container id>.json
     <root>/runtime/process/<pod uid>/<container id>.starting   (a container being started)
-
-A sandbox no container was started in yet has no file: an agent started again makes a new one.
 
 What this module promises:
 
@@ -143,19 +141,13 @@ class SandboxRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any], path: Path) -> SandboxRecord:
         f = Fields(data, path)
-        rec = cls(
+        return cls(
             id=f.text("id"),
             pod_uid=f.text("pod_uid"),
             pod_name=f.text("pod_name"),
             pod_namespace=f.text("pod_namespace"),
             created_at=f.time("created_at"),
         )
-        rec.on_disk = True
-        return rec
-
-    # Whether its file is written: the runtime writes it with the pod's first container start,
-    # before that process exists, not when the sandbox is made (runtime.py says why).
-    on_disk: bool = field(default=False, init=False, repr=False, compare=False)
 
     # The last view: a record never changes once made, and the relists ask for it every second.
     _view: RuntimeSandbox | None = field(default=None, init=False, repr=False, compare=False)

@@ -34,7 +34,7 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -211,8 +211,8 @@ class ProcessRuntime:
         for item in loaded:
             self._pods[item.pod.uid] = item.pod
             if item.pod.sandbox is not None and not item.pod.containers:
-                # Maybe never synced (an agent killed between the pod's first start and its
-                # container's record): synced with the next container record, as when new.
+                # Maybe never synced (an agent killed between the sandbox's record and its
+                # first container's): synced with the next container record, as when new.
                 self._state.unsynced(self._pod_dir(item.pod.uid) / SANDBOX_FILE)
             for rec in item.pod.containers.values():
                 if not rec.running:
@@ -423,11 +423,16 @@ class ProcessRuntime:
                 pod_namespace=pod.metadata.namespace,
                 created_at=_now(),
             )
-            # Its record (and the pod's directory) is written by the pod's first container
-            # start, in that start's thread hop, before the process exists: a sandbox with no
-            # process is nothing an agent killed meanwhile would have to find again, and in a
-            # burst a batch of sandbox records of its own held every pod's start (0.2 s of
-            # 1.2 at 1,000 pods).
+            pod_dir = self._pod_dir(pod.uid)
+            try:
+                # In the state files' batch: a burst's sandboxes share their thread hops. Not
+                # synced until the pod's first container record is (statefile.py says why).
+                await self._state.write(
+                    pod_dir / SANDBOX_FILE, sandbox.to_json(), make_dir=True, durable=False
+                )
+            except OSError as e:
+                why = os_reason(e, pod_dir)
+                raise RuntimeFailure(f"cannot write the sandbox's state: {why}") from e
             if state is None:
                 state = self._pods.setdefault(
                     pod.uid, PodRecord(pod.uid, pod.metadata.name, pod.metadata.namespace)
@@ -519,31 +524,14 @@ class ProcessRuntime:
         # finds the marker at its next start and kills the process by its ID, which would
         # otherwise run on, unknown (found by the SIGKILL churn soak).
         starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
-        # The pod's first start writes its sandbox record, unsynced (statefile.py says why),
-        # in the same hop as the marker, which is a link to it.
-        new_sandbox = None if state.sandbox.on_disk else state.sandbox.to_json()
-        prepare = functools.partial(_prepare_start, starting, log_path, new_sandbox, cwd)
         if launch is None and not (config.stdin or config.tty) and spawns_unlocked():
-            spawned = await self._spawn_plain(prepare, starting, log_path, argv, cwd, env)
+            spawned = await self._spawn_plain(starting, log_path, argv, cwd, env)
         elif launch is not None and settings is None and not (config.stdin or config.tty):
-            spawned = await self._spawn_launched(prepare, starting, log_path, launch)
+            spawned = await self._spawn_launched(starting, log_path, launch, cwd)
         else:
             spawned = await self._spawn_with(
-                pod,
-                config,
-                container_id,
-                settings,
-                launch,
-                prepare,
-                starting,
-                log_path,
-                argv,
-                cwd,
-                env,
+                pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
             )
-        if new_sandbox is not None:
-            state.sandbox.on_disk = True
-            self._state.unsynced(pod_dir / SANDBOX_FILE)
         pid = spawned.pid
         rec = ContainerRecord(
             id=container_id,
@@ -586,21 +574,14 @@ class ProcessRuntime:
         return started
 
     async def _spawn_plain(
-        self,
-        prepare: Prepare,
-        starting: Path,
-        log_path: Path,
-        argv: list[str],
-        cwd: str,
-        env: dict[str, str],
+        self, starting: Path, log_path: Path, argv: list[str], cwd: str, env: dict[str, str]
     ) -> _Spawned:
         """The common start: no launcher, no stdin, no terminal. The marker, the log's
         directory and file, the fork+exec and the pidfd in one thread hop, the fork+exec
         without the GIL (spawn_prepared). Its start time is read with the state file."""
+        prepare = functools.partial(_prepare_start, starting, log_path, True, cwd)
         try:
-            pid, pidfd = await spawn_prepared(
-                functools.partial(prepare, True), argv, cwd, env, log_path
-            )
+            pid, pidfd = await spawn_prepared(prepare, argv, cwd, env, log_path)
         except BaseException as e:
             await asyncio.to_thread(statefile.remove, starting)
             if isinstance(e, OSError):
@@ -609,16 +590,17 @@ class ProcessRuntime:
         return _Spawned(pid, pidfd, 0, False, None)
 
     async def _spawn_launched(
-        self, prepare: Prepare, starting: Path, log_path: Path, launch: dict[str, Any]
+        self, starting: Path, log_path: Path, launch: dict[str, Any], cwd: str
     ) -> _Spawned:
         """A start through the launcher without cgroups of its own, stdin or terminal (a pod
         with volumes, say): the marker and the log's directory made in the launch's own thread
         hop, before the fork (each hop is a wake of a thread and then of the loop)."""
         launch["pods_dir"] = str(self._volumes_dir)
         launch["cgroups"] = []
+        prepare = functools.partial(_prepare_start, starting, log_path, False, cwd)
         try:
             pid, pidfd, start_time = await spawn_launched(
-                launch, log_path, None, self._launcher, functools.partial(prepare, False)
+                launch, log_path, None, self._launcher, prepare
             )
         except BaseException:
             await asyncio.to_thread(statefile.remove, starting)
@@ -632,7 +614,6 @@ class ProcessRuntime:
         container_id: str,
         settings: Settings | None,
         launch: dict[str, Any] | None,
-        prepare: Prepare,
         starting: Path,
         log_path: Path,
         argv: list[str],
@@ -645,13 +626,14 @@ class ProcessRuntime:
         try:
             # The log's directory too, and the log file of a process spawned here: one thread
             # hop, and no new inode on the loop in spawn.
-            prepared = asyncio.ensure_future(asyncio.to_thread(prepare, launch is None))
+            prepared = asyncio.ensure_future(
+                asyncio.to_thread(_prepare_start, starting, log_path, launch is None, cwd)
+            )
             try:
                 log_fd = await asyncio.shield(prepared)
             except asyncio.CancelledError:
-                # A kill cancelled the sync: the hop is let finish before the pod's lock goes
-                # (it may be making the pod's directory, which a remove_pod waiting for that
-                # lock deletes), then its log file is closed and its marker removed.
+                # A kill cancelled the sync: the hop is let finish before the pod's lock goes,
+                # as the other starts' are, then its log file is closed and its marker removed.
                 await settle(prepared)
                 _close_opened(prepared)
                 await settle(asyncio.ensure_future(asyncio.to_thread(statefile.remove, starting)))
@@ -1007,23 +989,10 @@ class _Spawned(NamedTuple):
     stdio: ContainerStdio | None  # its stdin or terminal, served by the agent
 
 
-# _prepare_start with all but `with_log` given.
-Prepare = Callable[[bool], int | None]
-
-
-def _prepare_start(
-    marker: Path, log_path: Path, sandbox: dict[str, Any] | None, cwd: str, with_log: bool
-) -> int | None:
-    """The pod's sandbox record written if `sandbox` is given (its first start; the pod's
-    directory made with it), the start marker and the log's directory made; `with_log`: the
-    log file opened for spawn too (None if it cannot be, or the working directory is missing:
-    spawn tries again and says why, naming the file or the directory)."""
-    if sandbox is not None:
-        path = marker.with_name(SANDBOX_FILE)
-        try:
-            statefile.write_json_unsynced(path, sandbox)
-        except OSError as e:  # named as the record, not as its temporary file
-            raise OSError(e.errno, e.strerror, str(path)) from e
+def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> int | None:
+    """The start marker and the log's directory made; `with_log`: the log file opened for
+    spawn too (None if it cannot be, or the working directory is missing: spawn tries again
+    and says why, naming the file or the directory)."""
     # No fsync: it guards against the agent dying, not the machine (whose processes die too).
     # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
     # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,

@@ -7,11 +7,10 @@ and logs may hold secrets (environment values, command lines).
 
 A file may also be written unsynced (`durable=False`): renamed into place all the same, so that
 an agent that dies finds it (the page cache outlives the process), and made durable by a later
-durable write into its directory that names it (`also_fsync`; statewriter.py keeps track), or
-written so by its caller (`write_json_unsynced`) and handed to that tracking. The process
-runtime writes a sandbox record so, with the pod's first container start: no process survives
-the machine, and until one of its containers is recorded (durably, the sandbox record with it)
-a sandbox record lost with the machine loses nothing the pod needs.
+durable write into its directory that names it (`also_fsync`; statewriter.py keeps track). The
+process runtime writes a sandbox record so: no process survives the machine, and until one of
+its containers is recorded (durably, the sandbox record with it) a sandbox record lost with the
+machine loses nothing the pod needs.
 
 These functions block (fsync): call them from a thread (`asyncio.to_thread`) when latency matters.
 
@@ -103,7 +102,13 @@ def write_json_many(
         try:
             data = item.data() if callable(item.data) else item.data
             if item.make_dir:
-                _make_dir(directory)
+                # Mostly a new pod's: made first, rather than found missing by the write.
+                try:
+                    lockedio.mkdir(directory, DIR_MODE)
+                except FileExistsError:
+                    pass
+                except FileNotFoundError:
+                    ensure_dir(Path(directory))
             _replace(directory, name, data, item.durable)
         except OSError as e:
             errors[i] = e
@@ -135,25 +140,6 @@ def write_json_many(
             with contextlib.suppress(OSError):
                 remove(item.then_remove)
     return errors
-
-
-def write_json_unsynced(path: Path, data: Any) -> None:
-    """`path` atomically replaced by `data` as JSON, unsynced, its directory made if missing;
-    for a caller that has a later durable write into that directory fsync it (`also_fsync`,
-    through StateWriter.unsynced). Raises the OSError."""
-    directory, name = os.path.split(path)
-    _make_dir(directory)
-    _replace(directory, name, data, sync=False)
-
-
-def _make_dir(directory: str) -> None:
-    # Mostly a new pod's: made first, rather than found missing by the write.
-    try:
-        lockedio.mkdir(directory, DIR_MODE)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        ensure_dir(Path(directory))
 
 
 def _replace(directory: str, name: str, data: Any, sync: bool = True) -> None:

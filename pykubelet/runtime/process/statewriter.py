@@ -12,12 +12,10 @@ all of them wait for that one batch.
 
 A write with `durable=False` returns once the file is in place, unsynced; the writer remembers
 it, and the next durable write into its directory (one that starts after it returned) fsyncs it
-before that directory; `unsynced` hands it a file its caller wrote so itself. The process
-runtime's sandbox records are written so, in the thread hop of the pod's first container
-start: a pod's first container waited for two fsyncs of its sandbox record on the disk (about
-0.6 ms a pod, alone; in a burst of 100 pods, a batch of 80 records held them all 45 ms) for a
-guarantee no process needs before it exists, and then, unsynced, for a batch of its own (0.2
-s of a 1,000-pod burst's 1.2).
+before that directory. The process runtime's sandbox records are written so: a pod's first
+container waited for two fsyncs of its sandbox record on the disk (about 0.6 ms a pod, alone;
+in a burst of 100 pods, a batch of 80 records held them all 45 ms) for a guarantee no process
+needs before it exists.
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ class StateWriter:
         await asyncio.shield(future)
 
     def unsynced(self, path: Path) -> None:
-        """`path` was written unsynced by the caller (statefile.write_json_unsynced, in a
-        thread hop of its own) and is in place: the next durable write into its directory
-        fsyncs it, as one written here with durable=False."""
+        """`path` is in place and may not be synced (found so at a restart): the next durable
+        write into its directory fsyncs it, as one written here with durable=False."""
         self._unsynced.setdefault(path.parent, set()).add(path)
 
     async def _flush(self) -> None:
