@@ -75,8 +75,8 @@ class StateWriter:
         await asyncio.shield(future)
 
     def unsynced(self, path: Path) -> None:
-        """`path` is in place and may not be synced (found so at a restart): the next durable
-        write into its directory fsyncs it, as one written here with durable=False."""
+        """`path` is in place and may not be synced (written here with durable=False, or found
+        so at a restart): the next durable write into its directory fsyncs it."""
         self._unsynced.setdefault(path.parent, set()).add(path)
 
     async def _flush(self) -> None:
@@ -97,7 +97,7 @@ class StateWriter:
                     raise
                 for (item, future), error in zip(batch, errors, strict=True):
                     if error is None and not item.durable:
-                        self._unsynced.setdefault(item.path.parent, set()).add(item.path)
+                        self.unsynced(item.path)
                     if future.done():
                         continue
                     if error is None:
