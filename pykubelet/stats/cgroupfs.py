@@ -18,6 +18,12 @@ utime + stime + the reaped children's cutime + cstime, memory as the resident se
 project's test machine cpuacct is mounted apart from cpu, and the process runtime does not join
 cpuacct, so its containers' CPU is measured this way even when they have cgroups.)
 
+A container's cgroups are read from its process once (given the container's ID as its key) and
+kept while the container is sampled, as cAdvisor tracks a container by its cgroup rather than
+asking its process again: only the figures are read each sample (at 1,000 containers the
+`/proc/<pid>/cgroup` reads were a third of a sample). A plan is dropped with its container, when
+the pid of the key changes, and all of them when the mounts or the agent's own cgroups change.
+
 The node is the root cgroup, as the kubelet reports cAdvisor's "/" container: v1 root
 `cpuacct.usage` and `memory.usage_in_bytes` minus `total_inactive_file`; on v2, whose root has no
 `memory.current`, usage is MemTotal - MemFree and inactive file comes from the root's
@@ -33,6 +39,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 # Above this a v1 limit means "no limit" (the kernel reports PAGE_COUNTER_MAX pages as bytes).
 _UNLIMITED = 1 << 62
@@ -113,21 +120,28 @@ def _read_int(path: Path) -> int:
     return int(path.read_text().strip())
 
 
-def _read_small(path: str) -> str:
+def _read_bytes(path: str) -> bytes:
     """A small file (a process's `stat`, `cgroup`) in as few system calls as it can: a sample
-    reads two per process, and pathlib's and io's layers cost more than the reads."""
+    reads one or two per process, and pathlib's and io's layers cost more than the reads."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        chunks = [os.read(fd, 8192)]
-        while len(chunks[-1]) == 8192:
-            chunks.append(os.read(fd, 8192))
+        data = os.read(fd, 8192)
+        if len(data) == 8192:
+            chunks = [data]
+            while len(chunks[-1]) == 8192:
+                chunks.append(os.read(fd, 8192))
+            data = b"".join(chunks)
     finally:
         os.close(fd)
-    return b"".join(chunks).decode(errors="replace")
+    return data
 
 
-@dataclass(frozen=True)
-class _ProcStat:
+def _read_small(path: str) -> str:
+    return _read_bytes(path).decode(errors="replace")
+
+
+class _ProcStat(NamedTuple):
+    # A tuple, not a dataclass: one is made per process on the machine, every sample.
     ppid: int
     cpu_ticks: int  # utime + stime + cutime + cstime
     rss_pages: int
@@ -135,22 +149,34 @@ class _ProcStat:
     majflt: int
 
 
-def _proc_stat(text: str) -> _ProcStat:
+def _proc_stat(data: bytes) -> _ProcStat:
     # The command name may hold spaces and parentheses: the fields start after the last ")".
-    rest = text[text.rindex(")") + 2 :].split()
+    rest = data[data.rindex(b")") + 2 :].split()
     return _ProcStat(
-        ppid=int(rest[1]),
-        cpu_ticks=sum(int(v) for v in rest[11:15]),
-        rss_pages=int(rest[21]),
-        minflt=int(rest[7]),
-        majflt=int(rest[9]),
+        int(rest[1]),
+        int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14]),
+        int(rest[21]),
+        int(rest[7]),
+        int(rest[9]),
     )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where one container's figures are read: the directories of its process's cgroups that
+    are its own, for each use, in the order they are tried (none: its processes instead)."""
+
+    pid: int
+    cpu: tuple[Path, ...]  # cpuacct's
+    memory: tuple[Path, ...]
+    procs: tuple[Path, ...]  # memory's, cpuacct's, cpu's, pids': the first cgroup.procs read
 
 
 class CgroupFs:
     """Reads under `proc` (a fake tree in tests): its `self/mounts`, `self/cgroup` (the agent's
     own cgroups) and `<pid>/...`. `refresh()` re-reads the mounts and the agent's cgroups (once
-    a sample); the other methods read what they are asked, now."""
+    a sample); the other methods read what they are asked, now, but for the containers' cgroups
+    (kept by key, see the module's docstring; `keep_only` forgets the others)."""
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self._proc = proc
@@ -159,15 +185,24 @@ class CgroupFs:
         self._own: dict[str, str] = {}
         self._table: dict[int, _ProcStat] | None = None
         self._children: dict[int, list[int]] | None = None  # ppid -> pids, of `_table`
+        self._plans: dict[str, _Plan] = {}
 
     def refresh(self) -> None:
-        self._mounts = read_mounts((self._proc / "self" / "mounts").read_text())
+        mounts = read_mounts((self._proc / "self" / "mounts").read_text())
         try:
-            self._own = parse_cgroups((self._proc / "self" / "cgroup").read_text())
+            own = parse_cgroups((self._proc / "self" / "cgroup").read_text())
         except OSError:
-            self._own = {}
+            own = {}
+        if mounts != self._mounts or own != self._own:
+            self._plans.clear()  # which cgroups are a container's own may have changed
+        self._mounts, self._own = mounts, own
         self._table = None  # the process table, read again when a sample first needs it
         self._children = None
+
+    def keep_only(self, keys: set[str]) -> None:
+        """Forget the cgroups of every container but these (those no longer sampled)."""
+        for key in self._plans.keys() - keys:
+            del self._plans[key]
 
     # --- containers ---------------------------------------------------------------------
 
@@ -186,16 +221,40 @@ class CgroupFs:
                 out.append(self._mounts.v2 / path.lstrip("/"))
         return out
 
-    def container(self, pid: int) -> Reading | None:
-        """The usage of the container whose process `pid` is; None if the process is gone."""
+    def _plan(self, pid: int, key: str | None) -> _Plan | None:
+        """Where the container of process `pid` is read, kept under `key`; None if the
+        process is gone."""
+        plan = self._plans.get(key) if key is not None else None
+        if plan is not None and plan.pid == pid:
+            return plan
         try:
             groups = parse_cgroups(_read_small(f"{self._proc_dir}/{pid}/cgroup"))
         except (FileNotFoundError, ProcessLookupError):
             return None
-        cpu = self._cgroup_cpu(groups)
-        memory = self._cgroup_memory(groups)
+        procs = (
+            self._own_dirs(groups, controller)
+            for controller in ("memory", "cpuacct", "cpu", "pids")
+        )
+        plan = _Plan(
+            pid,
+            tuple(self._own_dirs(groups, "cpuacct")),
+            tuple(self._own_dirs(groups, "memory")),
+            tuple(where for dirs in procs for where in dirs),
+        )
+        if key is not None:
+            self._plans[key] = plan
+        return plan
+
+    def container(self, pid: int, key: str | None = None) -> Reading | None:
+        """The usage of the container whose process `pid` is; None if the process is gone
+        (or, once its cgroups are known under `key`, if it was read from its processes)."""
+        plan = self._plan(pid, key)
+        if plan is None:
+            return None
+        cpu = self._cgroup_cpu(plan.cpu)
+        memory = self._cgroup_memory(plan.memory)
         if cpu is None or memory is None:
-            procs = self._processes(groups, pid)
+            procs = self._processes(plan.procs, pid)
             if not procs:
                 return None
             if cpu is None:
@@ -222,8 +281,9 @@ class CgroupFs:
             major_page_faults=memory.major_page_faults,
         )
 
-    def _cgroup_cpu(self, groups: dict[str, str]) -> int | None:
-        for where in self._own_dirs(groups, "cpuacct"):
+    @staticmethod
+    def _cgroup_cpu(dirs: tuple[Path, ...]) -> int | None:
+        for where in dirs:
             try:
                 if (where / "cpuacct.usage").exists():
                     return _read_int(where / "cpuacct.usage")
@@ -232,8 +292,9 @@ class CgroupFs:
                 continue
         return None
 
-    def _cgroup_memory(self, groups: dict[str, str]) -> Reading | None:
-        for where in self._own_dirs(groups, "memory"):
+    @staticmethod
+    def _cgroup_memory(dirs: tuple[Path, ...]) -> Reading | None:
+        for where in dirs:
             try:
                 if (where / "memory.usage_in_bytes").exists():
                     return _v1_memory(where)
@@ -242,19 +303,16 @@ class CgroupFs:
                 continue
         return None
 
-    def _processes(self, groups: dict[str, str], pid: int) -> list[_ProcStat]:
-        """The container's processes: those of a cgroup that is its own, else `pid` and its
-        descendants."""
+    def _processes(self, dirs: tuple[Path, ...], pid: int) -> list[_ProcStat]:
+        """The container's processes: those of the first of its own cgroups (`dirs`) that can
+        be read, else `pid` and its descendants."""
         pids: list[int] | None = None
-        for controller in ("memory", "cpuacct", "cpu", "pids"):
-            for where in self._own_dirs(groups, controller):
-                try:
-                    pids = [int(p) for p in (where / "cgroup.procs").read_text().split()]
-                except (OSError, ValueError):
-                    continue
-                break
-            if pids is not None:
-                break
+        for where in dirs:
+            try:
+                pids = [int(p) for p in (where / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            break
         if pids is not None:
             return [stat for p in pids if (stat := self._stat_of(p)) is not None]
         table = self._process_table()
@@ -274,7 +332,7 @@ class CgroupFs:
 
     def _stat_of(self, pid: int) -> _ProcStat | None:
         try:
-            return _proc_stat(_read_small(f"{self._proc_dir}/{pid}/stat"))
+            return _proc_stat(_read_bytes(f"{self._proc_dir}/{pid}/stat"))
         except (OSError, ValueError, IndexError):
             return None  # gone since it was listed
 

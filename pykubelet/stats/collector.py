@@ -25,6 +25,7 @@ each running container the runtime reports, and keeps the latest sample for its 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -161,9 +162,9 @@ class StatsCollector:
             for c in pod.containers
             if c.state is ContainerRunState.RUNNING and c.pid is not None
         ]
-        pids = [c.pid for _, c in targets if c.pid is not None]
+        processes = [(c.pid, c.id) for _, c in targets if c.pid is not None]
         storage = await self._storage_reading([c for _, c in targets], wanted_storage)
-        node, readings, boot, problem = await asyncio.to_thread(self._read, pids)
+        node, readings, boot, problem = await asyncio.to_thread(self._read, processes)
         if problem:
             errors.append(problem)
         cpu, memory, pod_stats = self._build(
@@ -190,8 +191,10 @@ class StatsCollector:
         self._latest = stats
         return stats
 
-    def _read(self, pids: list[int]) -> tuple[Reading | None, list[Reading | None], float, str]:
-        """In a thread: everything this sample reads from files."""
+    def _read(
+        self, processes: list[tuple[int, str]]
+    ) -> tuple[Reading | None, list[Reading | None], float, str]:
+        """In a thread: everything this sample reads from files, for each (pid, container ID)."""
         problem = ""
         try:
             self._fs.refresh()
@@ -208,12 +211,13 @@ class StatsCollector:
         except (OSError, ValueError, KeyError, IndexError, AssertionError) as exc:
             problem = problem or f"cannot read the node's usage: {exc}"
         readings: list[Reading | None] = []
-        for pid in pids:
+        for pid, container_id in processes:
             try:
-                readings.append(self._fs.container(pid))
+                readings.append(self._fs.container(pid, container_id))
             except (OSError, ValueError) as exc:
                 log.debug("cannot read the usage of process %d: %s", pid, exc)
                 readings.append(None)
+        self._fs.keep_only({container_id for _, container_id in processes})
         return node, readings, self._boot, problem
 
     def _cpu(self, key: str, reading: Reading) -> CpuUsage | None:
@@ -303,9 +307,10 @@ def _sum_known(values: Iterable[int | None]) -> int | None:
     return sum(known) if known else None
 
 
-def _pod_stats(
-    pod: RuntimePod, containers: list[ContainerStats], storage: StorageReading | None = None
-) -> PodStats:
+def _containers_usage(
+    containers: list[ContainerStats],
+) -> tuple[CpuUsage | None, MemoryUsage | None]:
+    """A pod's CPU and memory: the sums of its containers' (None where one is unknown)."""
     cpus = [c.cpu for c in containers if c.cpu is not None]
     memories = [c.memory for c in containers if c.memory is not None]
     cpu = None
@@ -326,8 +331,29 @@ def _pod_stats(
             page_faults=_sum(m.page_faults for m in memories),
             major_page_faults=_sum(m.major_page_faults for m in memories),
         )
-    starts = [c.start_time for c in containers]
-    start = pod.sandbox.created_at if pod.sandbox is not None else min(starts)
+    return cpu, memory
+
+
+def _one_container_usage(only: ContainerStats) -> tuple[CpuUsage | None, MemoryUsage | None]:
+    """A pod of one container uses what it does (most pods: `_containers_usage`'s sums of one,
+    without building them again), but for the memory available, which a pod does not report."""
+    memory = only.memory
+    if memory is not None and memory.available_bytes is not None:
+        memory = dataclasses.replace(memory, available_bytes=None)
+    return only.cpu, memory
+
+
+def _pod_stats(
+    pod: RuntimePod, containers: list[ContainerStats], storage: StorageReading | None = None
+) -> PodStats:
+    if len(containers) == 1:
+        cpu, memory = _one_container_usage(containers[0])
+    else:
+        cpu, memory = _containers_usage(containers)
+    if pod.sandbox is not None:
+        start = pod.sandbox.created_at
+    else:
+        start = min(c.start_time for c in containers)
     volumes: tuple[VolumeStats, ...] = ()
     ephemeral = None
     # A pod that started after the last storage measurement has none yet (None, not 0: eviction
@@ -351,7 +377,10 @@ def _pod_stats(
 
 
 def _sum(values: Iterable[int | None]) -> int | None:
-    items = list(values)
-    if not items or any(v is None for v in items):
-        return None
-    return sum(v for v in items if v is not None)
+    """The sum; None if any value is unknown, or there is none."""
+    total: int | None = None
+    for value in values:
+        if value is None:
+            return None
+        total = value if total is None else total + value
+    return total

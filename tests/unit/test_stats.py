@@ -182,6 +182,37 @@ async def test_v1_container_and_node_from_their_cgroups(tmp_path: Path) -> None:
     assert c2.cpu.usage_nano_cores == pytest.approx(500_000_000 / window, rel=1e-3)
 
 
+async def test_a_containers_cgroups_are_read_once_while_it_is_sampled(tmp_path: Path) -> None:
+    """As cAdvisor follows a container's cgroup: its process's cgroups are read at its first
+    sample, not again while it is sampled; again for a new container with the process's pid, or
+    once the agent's own cgroups change (which of them are the container's own may differ)."""
+    proc, cg = v1_tree(tmp_path)
+    v1_container(proc, cg, 42, "/kubepods/c1", "/kubepods/c1")
+    write(cg / "cpuacct" / "kubepods" / "c2" / "cpuacct.usage", "7000000000\n")
+    write(cg / "cpuacct" / "kubepods" / "c3" / "cpuacct.usage", "9000000000\n")
+    lister = Lister(runtime_pod(container(42)))
+    collector = StatsCollector(lister, "n1", fs=CgroupFs(proc))
+
+    async def cpu_ns() -> int:
+        (c,) = (await collector.sample()).pods[0].containers
+        assert c.cpu is not None
+        return c.cpu.usage_core_nanoseconds
+
+    assert await cpu_ns() == 2_000_000_000
+    # Moved (nothing moves a container's process; the read shows whether it was read again).
+    cgroups = proc / "42" / "cgroup"
+    cgroups.write_text(cgroups.read_text().replace("cpuacct:/kubepods/c1", "cpuacct:/kubepods/c2"))
+    assert await cpu_ns() == 2_000_000_000
+    # The same pid as another container: its cgroups are its own.
+    lister.pods = [runtime_pod(container(42, cid="c2"))]
+    assert await cpu_ns() == 7_000_000_000
+    cgroups.write_text(cgroups.read_text().replace("cpuacct:/kubepods/c2", "cpuacct:/kubepods/c3"))
+    assert await cpu_ns() == 7_000_000_000
+    # The agent's own cgroups changed: every container's are read again.
+    write(proc / "self" / "cgroup", "4:memory:/agent2\n3:pids:/agent\n2:cpuacct:/\n1:cpu:/\n")
+    assert await cpu_ns() == 9_000_000_000
+
+
 async def test_a_shared_cgroup_falls_back_to_the_containers_processes(tmp_path: Path) -> None:
     """cpuacct is the root's (the process runtime joins no cpuacct cgroup here), memory is the
     container's: CPU is the sum over the processes of its memory cgroup."""
