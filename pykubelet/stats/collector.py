@@ -29,10 +29,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pykubelet.runtime.base import ContainerRunState, RuntimeContainer, RuntimePod
 from pykubelet.stats.cgroupfs import CgroupFs, Reading
@@ -61,8 +60,8 @@ class PodLister(Protocol):
     async def list_pods(self) -> list[RuntimePod]: ...
 
 
-@dataclass(frozen=True)
-class _Last:
+class _Last(NamedTuple):
+    # A tuple: one is made per container, every sample.
     at: float
     cpu_ns: int  # as reported (never lower than before)
     offset: int  # CPU time of processes no longer counted, kept in the counter
@@ -220,7 +219,8 @@ class StatsCollector:
         self._fs.keep_only({container_id for _, container_id in processes})
         return node, readings, self._boot, problem
 
-    def _cpu(self, key: str, reading: Reading) -> CpuUsage | None:
+    def _cpu(self, key: str, reading: Reading, at: datetime) -> CpuUsage | None:
+        """`at`: the reading's time as a datetime (made once for its CPU and memory)."""
         if reading.cpu_ns is None:
             return None
         last = self._last.get(key)
@@ -233,17 +233,17 @@ class StatsCollector:
         if last is not None and reading.at > last.at:
             rate = int((value - last.cpu_ns) / (reading.at - last.at))
         self._last[key] = _Last(reading.at, value, offset)
-        return CpuUsage(_time(reading.at), value, rate)
+        return CpuUsage(at, value, rate)
 
     @staticmethod
-    def _memory(reading: Reading) -> MemoryUsage | None:
+    def _memory(reading: Reading, at: datetime) -> MemoryUsage | None:
         if reading.working_set is None:
             return None
         available = None
         if reading.limit is not None:
             available = max(0, reading.limit - reading.working_set)
         return MemoryUsage(
-            _time(reading.at),
+            at,
             reading.working_set,
             usage_bytes=reading.usage,
             rss_bytes=reading.rss,
@@ -259,19 +259,22 @@ class StatsCollector:
         storage: StorageReading | None = None,
     ) -> tuple[CpuUsage | None, MemoryUsage | None, tuple[PodStats, ...]]:
         seen: set[str] = {""}
-        node_cpu = self._cpu("", node) if node is not None else None
-        node_memory = self._memory(node) if node is not None else None
+        node_cpu = node_memory = None
+        if node is not None:
+            node_at = _time(node.at)
+            node_cpu, node_memory = self._cpu("", node, node_at), self._memory(node, node_at)
         by_pod: dict[str, tuple[RuntimePod, list[ContainerStats]]] = {}
         for (pod, container), reading in readings:
             if reading is None:
                 continue  # exited while it was read
             seen.add(container.id)
+            at = _time(reading.at)
             stats = ContainerStats(
                 name=container.name,
                 id=container.id,
                 start_time=container.started_at or container.created_at,
-                cpu=self._cpu(container.id, reading),
-                memory=self._memory(reading),
+                cpu=self._cpu(container.id, reading, at),
+                memory=self._memory(reading, at),
                 rootfs=storage.rootfs.get(container.id) if storage is not None else None,
                 logs=storage.logs.get(container.id) if storage is not None else None,
             )
