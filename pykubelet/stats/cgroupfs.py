@@ -231,15 +231,13 @@ class CgroupFs:
             groups = parse_cgroups(_read_small(f"{self._proc_dir}/{pid}/cgroup"))
         except (FileNotFoundError, ProcessLookupError):
             return None
-        procs = (
-            self._own_dirs(groups, controller)
-            for controller in ("memory", "cpuacct", "cpu", "pids")
-        )
+        # In the order cgroup.procs is looked for (a dict keeps it).
+        own = {c: self._own_dirs(groups, c) for c in ("memory", "cpuacct", "cpu", "pids")}
         plan = _Plan(
             pid,
-            tuple(self._own_dirs(groups, "cpuacct")),
-            tuple(self._own_dirs(groups, "memory")),
-            tuple(where for dirs in procs for where in dirs),
+            tuple(own["cpuacct"]),
+            tuple(own["memory"]),
+            tuple(where for dirs in own.values() for where in dirs),
         )
         if key is not None:
             self._plans[key] = plan

@@ -281,24 +281,21 @@ async def test_attach_to_a_container_with_stdin(runtime: CriRuntime) -> None:
         output = stream.output()
         seen = b""
 
-        async def pinged() -> None:
+        async def read_until(line: bytes) -> None:
             nonlocal seen
-            while b"[ping]\n" not in seen:
+            while line not in seen:
                 name, data = await anext(output)
                 assert name == STDOUT
                 seen += data
 
-        waiting = asyncio.create_task(pinged())
+        waiting = asyncio.create_task(read_until(b"[ping]\n"))
         while not waiting.done():
             await stream.write_stdin(b"ping\n")
             await asyncio.wait([waiting], timeout=0.2)
         await waiting
         await stream.write_stdin(b"hello\n")
         await stream.write_stdin(b"bye\n")
-        while not seen.endswith(b"[bye]\n"):
-            name, data = await anext(output)
-            assert name == STDOUT
-            seen += data
+        await read_until(b"[bye]\n")
         # Only now does the container exit. containerd 1.6 ends an attach as soon as either of
         # its output streams ends: the container's stderr, at its exit, can end before the last
         # of its stdout is copied to the attach, which then never sees it (as kubectl attach
