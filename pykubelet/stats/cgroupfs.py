@@ -23,6 +23,9 @@ kept while the container is sampled, as cAdvisor tracks a container by its cgrou
 asking its process again: only the figures are read each sample (at 1,000 containers the
 `/proc/<pid>/cgroup` reads were a third of a sample). A plan is dropped with its container, when
 the pid of the key changes, and all of them when the mounts or the agent's own cgroups change.
+Likewise a process's `stat` file stays open while the process is read each sample: a read at
+offset 0 is one system call instead of three, and a file kept open never reads another process
+that was given the pid (its reads fail once the process is gone).
 
 The node is the root cgroup, as the kubelet reports cAdvisor's "/" container: v1 root
 `cpuacct.usage` and `memory.usage_in_bytes` minus `total_inactive_file`; on v2, whose root has no
@@ -36,20 +39,26 @@ the kubelet reports and compares eviction thresholds with.
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+# At most this many processes' `stat` files are kept open between samples, and never more than
+# a quarter of the open-file limit (beyond, they are opened for each read).
+MAX_KEPT_FILES = 4096
+# The process tree's parents are all read again once in this many samples (`CgroupFs._tree`).
+FULL_TREE_EVERY = 6
 # Above this a v1 limit means "no limit" (the kernel reports PAGE_COUNTER_MAX pages as bytes).
 _UNLIMITED = 1 << 62
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-@dataclass(frozen=True)
-class Reading:
-    """One read of one container or the node, before rates are derived."""
+class Reading(NamedTuple):
+    """One read of one container or the node, before rates are derived (a tuple: one is made
+    per container, every sample)."""
 
     at: float  # unix time of the read
     cpu_ns: int | None
@@ -136,6 +145,17 @@ def _read_bytes(path: str) -> bytes:
     return data
 
 
+def _stat_from(fd: int) -> _ProcStat:
+    """A process's `stat` from its open file: /proc writes it afresh at each read at 0."""
+    data = os.pread(fd, 4096, 0)
+    if not data:
+        raise ProcessLookupError("its stat is empty")
+    try:
+        return _proc_stat(data)
+    except (ValueError, IndexError) as exc:
+        raise OSError(f"cannot parse a process's stat: {exc}") from exc
+
+
 def _read_small(path: str) -> str:
     return _read_bytes(path).decode(errors="replace")
 
@@ -151,7 +171,8 @@ class _ProcStat(NamedTuple):
 
 def _proc_stat(data: bytes) -> _ProcStat:
     # The command name may hold spaces and parentheses: the fields start after the last ")".
-    rest = data[data.rindex(b")") + 2 :].split()
+    # Those past rss (the 22nd after it) are not split apart.
+    rest = data[data.rindex(b")") + 2 :].split(None, 22)
     return _ProcStat(
         int(rest[1]),
         int(rest[11]) + int(rest[12]) + int(rest[13]) + int(rest[14]),
@@ -159,6 +180,20 @@ def _proc_stat(data: bytes) -> _ProcStat:
         int(rest[7]),
         int(rest[9]),
     )
+
+
+def _totals(procs: list[_ProcStat]) -> tuple[int, int, int, int]:
+    """CPU ticks, resident pages, minor and major faults of `procs` together."""
+    if len(procs) == 1:  # most containers
+        (only,) = procs
+        return only.cpu_ticks, only.rss_pages, only.minflt, only.majflt
+    ticks = rss = minflt = majflt = 0
+    for proc in procs:
+        ticks += proc.cpu_ticks
+        rss += proc.rss_pages
+        minflt += proc.minflt
+        majflt += proc.majflt
+    return ticks, rss, minflt, majflt
 
 
 @dataclass(frozen=True)
@@ -176,16 +211,24 @@ class CgroupFs:
     """Reads under `proc` (a fake tree in tests): its `self/mounts`, `self/cgroup` (the agent's
     own cgroups) and `<pid>/...`. `refresh()` re-reads the mounts and the agent's cgroups (once
     a sample); the other methods read what they are asked, now, but for the containers' cgroups
-    (kept by key, see the module's docstring; `keep_only` forgets the others)."""
+    (kept by key, see the module's docstring; `keep_only` forgets the others). The `stat` files
+    of the containers' processes in the last sample stay open (`_stat_of`)."""
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self._proc = proc
         self._proc_dir = str(proc)
         self._mounts = Mounts({}, None)
         self._own: dict[str, str] = {}
-        self._table: dict[int, _ProcStat] | None = None
-        self._children: dict[int, list[int]] | None = None  # ppid -> pids, of `_table`
+        # The process tree (`_tree`): each process's parent, kept between samples, and this
+        # sample's children of each process (None: not made yet).
+        self._parents: dict[int, int] = {}
+        self._children: dict[int, list[int]] | None = None
+        self._samples_since_full = FULL_TREE_EVERY  # the first tree reads every process
+        self._sampled: dict[int, _ProcStat] = {}  # pid -> its stat read in this sample
         self._plans: dict[str, _Plan] = {}
+        self._stat_files: dict[int, int] = {}  # pid -> its `stat`, open (`_stat_of`)
+        self._max_kept = min(MAX_KEPT_FILES, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
+        self._used_pids: set[int] = set()  # the containers' processes since `keep_only`
 
     def refresh(self) -> None:
         mounts = read_mounts((self._proc / "self" / "mounts").read_text())
@@ -196,13 +239,16 @@ class CgroupFs:
         if mounts != self._mounts or own != self._own:
             self._plans.clear()  # which cgroups are a container's own may have changed
         self._mounts, self._own = mounts, own
-        self._table = None  # the process table, read again when a sample first needs it
-        self._children = None
+        self._children = None  # the process tree, made again when a sample first needs it
+        self._samples_since_full += 1
 
     def keep_only(self, keys: set[str]) -> None:
-        """Forget the cgroups of every container but these (those no longer sampled)."""
+        """At the end of a sample: forget the cgroups of every container but these (those no
+        longer sampled), and close the files of the processes that are no container's."""
         for key in self._plans.keys() - keys:
             del self._plans[key]
+        self._close_unused()
+        self._sampled = {}
 
     # --- containers ---------------------------------------------------------------------
 
@@ -249,34 +295,27 @@ class CgroupFs:
         plan = self._plan(pid, key)
         if plan is None:
             return None
-        cpu = self._cgroup_cpu(plan.cpu)
-        memory = self._cgroup_memory(plan.memory)
-        if cpu is None or memory is None:
-            procs = self._processes(plan.procs, pid)
-            if not procs:
-                return None
-            if cpu is None:
-                cpu = sum(p.cpu_ticks for p in procs) * 1_000_000_000 // _CLK_TCK
-            if memory is None:
-                rss = sum(p.rss_pages for p in procs) * _PAGE_SIZE
-                memory = Reading(
-                    0,
-                    None,
-                    rss,
-                    usage=rss,
-                    rss=rss,
-                    page_faults=sum(p.minflt for p in procs),
-                    major_page_faults=sum(p.majflt for p in procs),
-                )
+        cpu = self._cgroup_cpu(plan.cpu) if plan.cpu else None
+        memory = self._cgroup_memory(plan.memory) if plan.memory else None
+        if cpu is not None and memory is not None:
+            return memory._replace(at=time.time(), cpu_ns=cpu)
+        procs = self._processes(plan.procs, pid)
+        if not procs:
+            return None
+        ticks, rss_pages, minflt, majflt = _totals(procs)
+        if cpu is None:
+            cpu = ticks * 1_000_000_000 // _CLK_TCK
+        if memory is not None:
+            return memory._replace(at=time.time(), cpu_ns=cpu)
+        rss = rss_pages * _PAGE_SIZE
         return Reading(
             time.time(),
             cpu,
-            memory.working_set,
-            usage=memory.usage,
-            rss=memory.rss,
-            limit=memory.limit,
-            page_faults=memory.page_faults,
-            major_page_faults=memory.major_page_faults,
+            rss,
+            usage=rss,
+            rss=rss,
+            page_faults=minflt,
+            major_page_faults=majflt,
         )
 
     @staticmethod
@@ -312,40 +351,98 @@ class CgroupFs:
                 continue
             break
         if pids is not None:
+            self._used_pids.update(pids)
             return [stat for p in pids if (stat := self._stat_of(p)) is not None]
-        table = self._process_table()
-        if self._children is None:
-            # Once a sample, not once a container: 1,000 containers each walking a table of
-            # 1,000 processes was most of a sample's time.
-            self._children = {}
-            for child, stat in table.items():
-                self._children.setdefault(stat.ppid, []).append(child)
-        children = self._children
-        found, todo = [], [pid]
+        children = self._tree()
+        found: list[_ProcStat] = []
+        todo = [(pid, 0)]  # (pid, the parent it was found under; 0: the main process)
         while todo:
-            current = todo.pop()
-            found.append(current)
-            todo.extend(children.get(current, []))
-        return [table[p] for p in found if p in table]
+            current, parent = todo.pop()
+            stat = self._stat_of(current)
+            if stat is None:
+                continue  # gone since the tree was made
+            if parent and stat.ppid != parent:
+                # The pid was used again by another process since its parent was read: not
+                # this container's; the next sample reads every process's parent again.
+                self._samples_since_full = FULL_TREE_EVERY
+                continue
+            found.append(stat)
+            self._used_pids.add(current)
+            todo.extend((child, current) for child in children.get(current, ()))
+        return found
 
     def _stat_of(self, pid: int) -> _ProcStat | None:
-        try:
-            return _proc_stat(_read_bytes(f"{self._proc_dir}/{pid}/stat"))
-        except (OSError, ValueError, IndexError):
-            return None  # gone since it was listed
+        """The process's `stat`, through a file kept open while the process is a container's
+        (one system call instead of three). A kept file is the process's own: once it is gone
+        its reads fail, even if its pid is used again."""
+        known = self._sampled.get(pid)
+        if known is not None:
+            return known
+        stat = self._read_stat(pid)
+        if stat is not None:
+            self._sampled[pid] = stat
+        return stat
 
-    def _process_table(self) -> dict[int, _ProcStat]:
-        """Every process, read once a sample and only if a container needs its descendants."""
-        if self._table is None:
-            table: dict[int, _ProcStat] = {}
-            with os.scandir(self._proc) as entries:
-                names = [e.name for e in entries if e.name.isdigit()]
-            for name in names:
-                stat = self._stat_of(int(name))
-                if stat is not None:
-                    table[int(name)] = stat
-            self._table = table
-        return self._table
+    def _read_stat(self, pid: int) -> _ProcStat | None:
+        """None: the process is gone."""
+        fd = self._stat_files.get(pid)
+        if fd is None:
+            try:
+                fd = os.open(f"{self._proc_dir}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            if len(self._stat_files) >= self._max_kept:
+                try:
+                    return _stat_from(fd)
+                except OSError:
+                    return None
+                finally:
+                    os.close(fd)
+            self._stat_files[pid] = fd
+        try:
+            return _stat_from(fd)
+        except OSError:
+            del self._stat_files[pid]
+            os.close(fd)
+            return None
+
+    def _close_unused(self) -> None:
+        """Close the files of the processes that are no container's in the last sample (gone,
+        or read only to find the containers' descendants)."""
+        for pid in self._stat_files.keys() - self._used_pids:
+            os.close(self._stat_files.pop(pid))
+        self._used_pids = set()
+
+    def _tree(self) -> dict[int, list[int]]:
+        """Each process's children: made once a sample, and only if a container needs its
+        descendants. A process's parent is read once and kept: it changes only when the parent
+        is gone (the orphan goes to init or a subreaper), which the listing of /proc shows, so
+        only new processes and orphans are read. Every FULL_TREE_EVERY samples, and after a
+        pid was found used again, every process is read (a pid used again between two samples,
+        the listing otherwise unchanged, would keep the parent of the process before)."""
+        if self._children is not None:
+            return self._children
+        with os.scandir(self._proc) as entries:
+            listed = [int(e.name) for e in entries if e.name.isdigit()]
+        full = self._samples_since_full >= FULL_TREE_EVERY
+        if full:
+            self._samples_since_full = 0
+        known = {} if full else self._parents
+        alive = set(listed) if not full else set()
+        parents: dict[int, int] = {}
+        children: dict[int, list[int]] = {}
+        for pid in listed:
+            ppid = known.get(pid)
+            if ppid is None or (ppid and ppid not in alive):
+                stat = self._stat_of(pid)
+                if stat is None:
+                    continue  # gone since it was listed
+                ppid = stat.ppid
+            parents[pid] = ppid
+            children.setdefault(ppid, []).append(pid)
+        self._parents = parents
+        self._children = children
+        return children
 
     # --- the node -----------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ each running container the runtime reports, and keeps the latest sample for its 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable
@@ -67,6 +66,12 @@ class _Last(NamedTuple):
     offset: int  # CPU time of processes no longer counted, kept in the counter
 
 
+class _PodStorage(NamedTuple):
+    container_ids: tuple[str, ...]  # the containers its ephemeral storage counts
+    volumes: tuple[VolumeStats, ...]
+    ephemeral: FsStats
+
+
 def _time(at: float) -> datetime:
     return datetime.fromtimestamp(at, UTC)
 
@@ -101,6 +106,11 @@ class StatsCollector:
         self._boot: float | None = None
         self._history = UsageHistories(HISTORY_SAMPLES)
         self._failing = False
+        self._sampled_at: float | None = None  # the event loop's time a sample last began
+        self._taking: asyncio.Future[NodeStats | None] | None = None  # the sample under way
+        # Each pod's part of the latest storage reading (`_pod_storage`), by pod UID.
+        self._storage_of: StorageReading | None = None
+        self._pods_storage: dict[str, _PodStorage] = {}
         # One sample at a time: the file reader keeps per-sample state (its process table).
         self._lock = asyncio.Lock()
 
@@ -122,21 +132,44 @@ class StatsCollector:
         self._history.keep_only(pod.uid for pod in pods)
 
     async def run(self) -> None:
-        """Sample now and every `period` until cancelled."""
+        """Sample now and every `period` until cancelled. A sample another reader took (the
+        eviction manager's, when the latest was too old for it) less than half a period ago
+        counts as this period's: the next is a period after it, not a second one now."""
         loop = asyncio.get_running_loop()
         while True:
-            started = loop.time()
-            try:
-                await self.sample()
-            except Exception:  # a bug in one sample must not end the sampling
-                log.exception("resource usage sample failed")
-            await asyncio.sleep(max(0.0, self.period - (loop.time() - started)))
+            last = self._sampled_at
+            if last is None or loop.time() - last >= self.period / 2:
+                last = loop.time()
+                try:
+                    await self.sample()
+                except Exception:  # a bug in one sample must not end the sampling
+                    log.exception("resource usage sample failed")
+            await asyncio.sleep(max(0.0, last + self.period - loop.time()))
 
     async def sample(self, *, storage: bool | None = None) -> NodeStats:
         """Take one sample now, keep it as the latest and return it. `storage`: measure the
-        file systems now (True), never (False: the last measurement), or when due (None)."""
+        file systems now (True), never (False: the last measurement), or when due (None).
+
+        Asked while a sample is being taken, and not for storage now, the answer is that
+        sample (read at most its own duration before the call): the eviction manager, finding
+        the latest a period old just as the collector takes the next, would take a second."""
+        taking = self._taking
+        if taking is not None and storage is not True:
+            joined = await asyncio.shield(taking)
+            if joined is not None:
+                return joined
+            # That sample failed or was cancelled: this caller takes its own.
         async with self._lock:
-            return await self._sample(storage)
+            loop = asyncio.get_running_loop()
+            self._sampled_at = loop.time()
+            taking = self._taking = loop.create_future()
+            stats: NodeStats | None = None
+            try:
+                stats = await self._sample(storage)
+            finally:
+                self._taking = None
+                taking.set_result(stats)
+            return stats
 
     async def _storage_reading(
         self, containers: list[RuntimeContainer], wanted: bool | None
@@ -281,8 +314,31 @@ class StatsCollector:
             by_pod.setdefault(pod.uid, (pod, []))[1].append(stats)
         for gone in set(self._last) - seen:
             del self._last[gone]
-        pods = tuple(_pod_stats(pod, containers, storage) for pod, containers in by_pod.values())
+        pods = tuple(
+            _pod_stats(pod, containers, self._pod_storage(pod.uid, containers, storage))
+            for pod, containers in by_pod.values()
+        )
         return node_cpu, node_memory, pods
+
+    def _pod_storage(
+        self, uid: str, containers: list[ContainerStats], storage: StorageReading | None
+    ) -> _PodStorage | None:
+        """The pod's volumes and ephemeral storage from `storage`: worked out once per storage
+        reading and set of containers (storage is measured once a period, usage each sample).
+        None: storage not sampled, or the pod started after it was."""
+        if storage is None or uid not in storage.volumes:
+            return None
+        if self._storage_of is not storage:
+            self._storage_of, self._pods_storage = storage, {}
+        ids = tuple(c.id for c in containers)
+        kept = self._pods_storage.get(uid)
+        if kept is None or kept.container_ids != ids:
+            volumes = storage.volumes[uid]
+            files = storage.pod_files.get(uid)
+            others = [files] if files is not None else []
+            ephemeral = ephemeral_storage(containers, volumes, others, storage.node_fs)
+            kept = self._pods_storage[uid] = _PodStorage(ids, volumes, ephemeral)
+        return kept
 
 
 def ephemeral_storage(
@@ -342,12 +398,12 @@ def _one_container_usage(only: ContainerStats) -> tuple[CpuUsage | None, MemoryU
     without building them again), but for the memory available, which a pod does not report."""
     memory = only.memory
     if memory is not None and memory.available_bytes is not None:
-        memory = dataclasses.replace(memory, available_bytes=None)
+        memory = memory._replace(available_bytes=None)
     return only.cpu, memory
 
 
 def _pod_stats(
-    pod: RuntimePod, containers: list[ContainerStats], storage: StorageReading | None = None
+    pod: RuntimePod, containers: list[ContainerStats], storage: _PodStorage | None
 ) -> PodStats:
     if len(containers) == 1:
         cpu, memory = _one_container_usage(containers[0])
@@ -357,15 +413,12 @@ def _pod_stats(
         start = pod.sandbox.created_at
     else:
         start = min(c.start_time for c in containers)
-    volumes: tuple[VolumeStats, ...] = ()
-    ephemeral = None
     # A pod that started after the last storage measurement has none yet (None, not 0: eviction
     # then measures it itself).
-    if storage is not None and pod.uid in storage.volumes:
-        volumes = storage.volumes[pod.uid]
-        files = storage.pod_files.get(pod.uid)
-        others = [files] if files is not None else []
-        ephemeral = ephemeral_storage(containers, volumes, others, storage.node_fs)
+    volumes: tuple[VolumeStats, ...] = ()
+    ephemeral = None
+    if storage is not None:
+        volumes, ephemeral = storage.volumes, storage.ephemeral
     return PodStats(
         uid=pod.uid,
         name=pod.name,

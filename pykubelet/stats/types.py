@@ -4,17 +4,18 @@ A sample is immutable: the collector replaces it whole, so a reader (the HTTP ha
 eviction and the status page) never sees one half updated. Units are the kubelet's Summary API
 units: CPU as cumulative core-nanoseconds and a rate in nanocores, memory and file systems in
 bytes and inodes.
+
+The values are NamedTuples: immutable, and made in a third of the time of a frozen dataclass (a
+sample makes several per container, every 10 s).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
-@dataclass(frozen=True, slots=True)
-class CpuUsage:
+class CpuUsage(NamedTuple):
     time: datetime  # when it was read
     usage_core_nanoseconds: int  # cumulative, since the container (node: boot) started
     usage_nano_cores: int | None = None  # the rate since the previous sample; None on the first
@@ -24,8 +25,7 @@ class CpuUsage:
         return self.usage_core_nanoseconds / 1e9
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryUsage:
+class MemoryUsage(NamedTuple):
     time: datetime
     working_set_bytes: int  # usage minus inactive file: what the kernel cannot just drop
     usage_bytes: int | None = None
@@ -35,8 +35,7 @@ class MemoryUsage:
     major_page_faults: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class FsStats:
+class FsStats(NamedTuple):
     """The Summary API's FsStats: a file system's totals (None: not measured) and what one
     thing (a container's writable layer, its logs, a volume, a pod) uses of it."""
 
@@ -49,15 +48,13 @@ class FsStats:
     inodes_used: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class VolumeStats:
+class VolumeStats(NamedTuple):
     name: str  # the volume's name in the pod spec
     plugin: str  # its directory's plugin (kubernetes.io~empty-dir, ...); not in the Summary API
     fs: FsStats
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerStats:
+class ContainerStats(NamedTuple):
     name: str
     id: str  # the runtime's container ID (the rate is computed per ID: a restart starts anew)
     start_time: datetime
@@ -67,8 +64,7 @@ class ContainerStats:
     logs: FsStats | None = None  # its log files
 
 
-@dataclass(frozen=True, slots=True)
-class PodStats:
+class PodStats(NamedTuple):
     uid: str
     name: str
     namespace: str
@@ -84,8 +80,7 @@ class PodStats:
     ephemeral_storage: FsStats | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class NodeStats:
+class NodeStats(NamedTuple):
     node_name: str
     start_time: datetime  # the machine's boot
     time: datetime  # when this sample was taken
@@ -96,11 +91,10 @@ class NodeStats:
     image_fs: FsStats | None = None  # where the runtime keeps its images (None: it has none)
     # What went wrong in this sample (the runtime could not list its pods, ...): the kubelet's
     # `scrape_error` 1. A container that exited while it was read is no error.
-    errors: tuple[str, ...] = field(default=())
+    errors: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class UsagePoint:
+class UsagePoint(NamedTuple):
     """One sample of a pod's usage in its history: CPU cores (None on the pod's first sample,
     which has no rate yet) and the memory working set in bytes."""
 

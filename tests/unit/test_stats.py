@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from pykubelet.runtime.base import (
     RuntimeSandbox,
 )
 from pykubelet.server.stats import add_stats_routes, go_float, resource_metrics, summary
-from pykubelet.stats.cgroupfs import CgroupFs
+from pykubelet.stats.cgroupfs import FULL_TREE_EVERY, CgroupFs
 from pykubelet.stats.collector import HISTORY_SAMPLES, StatsCollector
 from pykubelet.stats.types import NodeStats, StatsView, UsagePoint
 from tests.fixtures.apiserver.metrics import (
@@ -101,6 +102,13 @@ def proc_stat(pid: int, ppid: int, ticks: tuple[int, int, int, int], rss_pages: 
     fields[11:15] = [str(t) for t in ticks]
     fields[21] = str(rss_pages)
     return f"{pid} (my cmd) x) " + " ".join(fields) + "\n"
+
+
+def gone(proc: Path, pid: int) -> None:
+    """The process ends: it leaves the listing, and its stat file, open or not, reads nothing
+    (the kernel's fails with ESRCH)."""
+    write(proc / str(pid) / "stat", "")
+    shutil.rmtree(proc / str(pid))
 
 
 MEMINFO = "MemTotal:  8000000 kB\nMemFree:  3000000 kB\nMemAvailable: 6000000 kB\n"
@@ -242,13 +250,53 @@ async def test_a_container_in_the_agents_cgroups_is_its_process_tree(tmp_path: P
     assert c.memory is not None and c.memory.working_set_bytes == 175 * page
 
     # A process reaped outside the container takes its CPU time away: the counter stays.
-    (proc / "44" / "stat").unlink()
+    gone(proc, 44)
     (c,) = (await collector.sample()).pods[0].containers
     assert c.cpu is not None and c.cpu.usage_core_nanoseconds == 60 * 1_000_000_000 // hz
     assert c.cpu.usage_nano_cores == 0
     write(proc / "42" / "stat", proc_stat(42, 1, (40, 0, 0, 0), 100))
     (c,) = (await collector.sample()).pods[0].containers
     assert c.cpu is not None and c.cpu.usage_core_nanoseconds == 90 * 1_000_000_000 // hz
+
+
+async def test_the_process_tree_follows_new_processes_orphans_and_reused_pids(
+    tmp_path: Path,
+) -> None:
+    """Between two samples a process's parent is kept, not read again: new processes, orphans
+    and pids used again by another process are still found as the kernel has them."""
+    proc, _ = v1_tree(tmp_path)
+    hz = os.sysconf("SC_CLK_TCK")
+    write(proc / "42" / "cgroup", "4:memory:/agent\n2:cpuacct:/\n")
+    write(proc / "42" / "stat", proc_stat(42, 1, (10, 0, 0, 0), 100))
+    write(proc / "45" / "stat", proc_stat(45, 1, (1000, 0, 0, 0), 1000))  # not its own
+    write(proc / "1" / "stat", proc_stat(1, 0, (0, 0, 0, 0), 1))  # init
+    collector = StatsCollector(Lister(runtime_pod(container(42))), "n1", fs=CgroupFs(proc))
+
+    async def cpu_ticks() -> int:
+        (c,) = (await collector.sample()).pods[0].containers
+        assert c.cpu is not None
+        return c.cpu.usage_core_nanoseconds * hz // 1_000_000_000
+
+    assert await cpu_ticks() == 10
+    write(proc / "43" / "stat", proc_stat(43, 42, (20, 0, 0, 0), 50))  # a child: counted
+    write(proc / "44" / "stat", proc_stat(44, 43, (30, 0, 0, 0), 25))
+    assert await cpu_ticks() == 60
+    # 43 ends; its child 44 goes to init: no longer the container's. The counter keeps the
+    # 45 ticks no longer counted (42's own 15 are all that is read now).
+    gone(proc, 43)
+    write(proc / "44" / "stat", proc_stat(44, 1, (30, 0, 0, 0), 25))
+    write(proc / "42" / "stat", proc_stat(42, 1, (15, 0, 0, 0), 100))
+    assert await cpu_ticks() == 60
+    # Pid 44 is used again, at once, by a child of 42: the listing did not change, so its
+    # parent is not read again until the tree is read whole (a minute at the default period).
+    write(proc / "44" / "stat", proc_stat(44, 42, (2, 0, 0, 0), 25))
+    counted = [await cpu_ticks() for _ in range(FULL_TREE_EVERY)]
+    assert counted[0] == 60 and counted[-1] == 62, counted
+    # And the other way: its pid used again by a process outside the container, which is
+    # left out at once (its parent, read with its usage, is not 42).
+    write(proc / "44" / "stat", proc_stat(44, 1, (0, 0, 0, 0), 25))
+    write(proc / "42" / "stat", proc_stat(42, 1, (20, 0, 0, 0), 100))
+    assert await cpu_ticks() == 65  # 42's 5 more; 44's 2 gone (kept by the counter)
 
 
 async def test_v2_container_and_node(tmp_path: Path) -> None:
@@ -306,7 +354,7 @@ def sample_stats() -> NodeStats:
     cpu = CpuUsage(at, 1_250_000_000, 300_000_000)
     mem = MemoryUsage(at, 52 * MiB, usage_bytes=60 * MiB, available_bytes=76 * MiB)
     c = ContainerStats("main", "c1", T0, cpu, mem)
-    side = ContainerStats('si"de', "c2", T0, dataclasses.replace(cpu, usage_nano_cores=None), mem)
+    side = ContainerStats('si"de', "c2", T0, cpu._replace(usage_nano_cores=None), mem)
     pod = PodStats("u1", "web", "default", T0, (c, side), cpu, mem)
     node_cpu = CpuUsage(at, 2_734_149_794_044, 1_000_000_000)
     node_mem = MemoryUsage(at, 1_540_796_416, usage_bytes=2 << 30)
@@ -416,6 +464,55 @@ async def test_each_pod_keeps_a_bounded_history_dropped_with_the_pod(tmp_path: P
     assert collector.history("u1") == ()
 
 
+async def test_a_sample_another_reader_took_counts_as_the_periods(tmp_path: Path) -> None:
+    """The eviction manager samples when the latest is a period old, moments before the
+    collector would: the collector then waits a period from that sample, not sampling twice."""
+    proc, _ = v1_tree(tmp_path)
+    listed: list[float] = []
+
+    class Counting(Lister):
+        async def list_pods(self) -> list[RuntimePod]:
+            listed.append(asyncio.get_running_loop().time())
+            return await super().list_pods()
+
+    collector = StatsCollector(Counting(), "n1", period=1.0, fs=CgroupFs(proc))
+    running = asyncio.create_task(collector.run())
+    try:
+        await asyncio.sleep(0.7)
+        await collector.sample()  # another reader's, 0.3 s before the collector's would be
+        await asyncio.sleep(0.65)  # 1.35 s: the collector's at 1 s was not taken
+        assert len(listed) == 2, listed
+        await asyncio.sleep(0.7)  # 2.05 s: it was taken a period after the other reader's
+        assert len(listed) == 3, listed
+    finally:
+        running.cancel()
+
+
+async def test_a_sample_asked_for_while_one_is_taken_is_that_one(tmp_path: Path) -> None:
+    proc, _ = v1_tree(tmp_path)
+    listing = asyncio.Event()
+    listed: list[int] = []
+
+    class Slow(Lister):
+        async def list_pods(self) -> list[RuntimePod]:
+            listed.append(1)
+            await listing.wait()
+            return await super().list_pods()
+
+    collector = StatsCollector(Slow(), "n1", fs=CgroupFs(proc))
+    first = asyncio.create_task(collector.sample())
+    await asyncio.sleep(0.01)  # under way, listing the runtime's pods
+    second = asyncio.create_task(collector.sample())
+    await asyncio.sleep(0.01)
+    listing.set()
+    one, other = await asyncio.gather(first, second)
+    assert one is other and len(listed) == 1
+    assert collector.latest() is one
+    # Storage measured now is never an older sample's.
+    await asyncio.gather(collector.sample(), collector.sample(storage=True))
+    assert len(listed) == 3
+
+
 class View:
     def __init__(self, stats: NodeStats | None) -> None:
         self.stats = stats
@@ -448,7 +545,7 @@ async def test_the_routes(client: tuple[TestClient[web.Request, web.Application]
     resp = await http.get("/metrics/resource")
     assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
     assert "node_cpu_usage_seconds_total 2734.149794044" in await resp.text()
-    view.stats = dataclasses.replace(sample_stats(), errors=("engine down",))
+    view.stats = sample_stats()._replace(errors=("engine down",))
     resp = await http.get("/stats/summary")
     assert resp.status == 500 and "engine down" in (await resp.json())["message"]
 
@@ -463,9 +560,9 @@ def test_the_fixture_decodes_the_kubelets_text_as_metrics_server() -> None:
     main = pods[("default", "web")]["main"]
     assert main == Point(1735787045.25, 1_250_000_000, 52 * MiB, T0.timestamp())
     # A container with no memory figure drops its pod; a node without CPU is no node.
-    broken = dataclasses.replace(stats.pods[0].containers[1], memory=None)
-    pod = dataclasses.replace(stats.pods[0], containers=(stats.pods[0].containers[0], broken))
-    node, pods = decode(resource_metrics(dataclasses.replace(stats, pods=(pod,), cpu=None)), 0.0)
+    broken = stats.pods[0].containers[1]._replace(memory=None)
+    pod = stats.pods[0]._replace(containers=(stats.pods[0].containers[0], broken))
+    node, pods = decode(resource_metrics(stats._replace(pods=(pod,), cpu=None)), 0.0)
     assert node is None and pods == {}
 
 
@@ -547,3 +644,28 @@ async def test_real_processes_in_real_cgroups(tmp_path: Path) -> None:
         for p in await rt.list_pods():
             await rt.remove_pod(p.uid)
         await rt.close()
+
+
+async def test_a_gone_process_is_not_read_and_its_file_is_closed() -> None:
+    """A container's process read each sample through a file kept open: once the process is
+    gone its container is left out (a file kept open never reads whoever gets the pid next),
+    and the file is closed."""
+
+    def open_files() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    proc = await asyncio.create_subprocess_exec("sleep", "60")
+    collector = StatsCollector(Lister(runtime_pod(container(proc.pid))), "n1")
+    try:
+        before = open_files()
+        for _ in range(3):
+            stats = await collector.sample()
+            (pod,) = stats.pods
+            assert pod.containers[0].memory is not None
+        assert open_files() == before + 1  # the process's stat, and nothing more each sample
+    finally:
+        proc.kill()
+        await proc.wait()
+    stats = await collector.sample()
+    assert stats.pods == ()
+    assert open_files() == before
