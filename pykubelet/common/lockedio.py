@@ -20,7 +20,7 @@ import ctypes
 import errno
 import os
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # PyDLL, unlike CDLL, keeps the interpreter lock through the call.
 _LIBC = ctypes.PyDLL(None, use_errno=True)
@@ -97,10 +97,9 @@ def mkdir(path: str, mode: int) -> None:
         raise _failed(path)
 
 
-@dataclass(frozen=True, slots=True)
-class Stat:
+class Stat(NamedTuple):
     """What stat(2) tells of a path (links followed): the fields of os.stat_result used here,
-    with the same values."""
+    with the same values (a tuple: the file source's re-list makes one per manifest)."""
 
     st_mode: int
     st_dev: int
@@ -118,9 +117,14 @@ def stat(path: str) -> Stat:
     while _statx(_AT_FDCWD, encoded, 0, _STATX_BASIC_STATS, buf) != 0:
         if ctypes.get_errno() != errno.EINTR:
             raise _failed(path)
-    fields = _STATX.unpack_from(buf.raw)
-    mode, ino, size, sec, nsec, major, minor = (fields[i] for i in (6, 8, 9, 12, 13, 16, 17))
-    return Stat(mode, os.makedev(major, minor), ino, size, sec * 1_000_000_000 + nsec)
+    fields = _STATX.unpack_from(buf)
+    return Stat(
+        fields[6],  # mode
+        os.makedev(fields[16], fields[17]),
+        fields[8],  # ino
+        fields[9],  # size
+        fields[12] * 1_000_000_000 + fields[13],  # mtime
+    )
 
 
 def read_file(path: str, size_hint: int = 0) -> bytes:
