@@ -23,9 +23,9 @@ kept while the container is sampled, as cAdvisor tracks a container by its cgrou
 asking its process again: only the figures are read each sample (at 1,000 containers the
 `/proc/<pid>/cgroup` reads were a third of a sample). A plan is dropped with its container, when
 the pid of the key changes, and all of them when the mounts or the agent's own cgroups change.
-Likewise a process's `stat` file stays open while the process is read each sample: a read at
-offset 0 is one system call instead of three, and a file kept open never reads another process
-that was given the pid (its reads fail once the process is gone).
+Likewise the process tree (for a container without a cgroup of its own): each process's parent
+is kept between samples and read again only for new processes and orphans (`CgroupFs._tree`),
+so a sample reads the containers' processes, not every process on the machine.
 
 The node is the root cgroup, as the kubelet reports cAdvisor's "/" container: v1 root
 `cpuacct.usage` and `memory.usage_in_bytes` minus `total_inactive_file`; on v2, whose root has no
@@ -39,15 +39,11 @@ the kubelet reports and compares eviction thresholds with.
 from __future__ import annotations
 
 import os
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-# At most this many processes' `stat` files are kept open between samples, and never more than
-# a quarter of the open-file limit (beyond, they are opened for each read).
-MAX_KEPT_FILES = 4096
 # The process tree's parents are all read again once in this many samples (`CgroupFs._tree`).
 FULL_TREE_EVERY = 6
 # Above this a v1 limit means "no limit" (the kernel reports PAGE_COUNTER_MAX pages as bytes).
@@ -145,17 +141,6 @@ def _read_bytes(path: str) -> bytes:
     return data
 
 
-def _stat_from(fd: int) -> _ProcStat:
-    """A process's `stat` from its open file: /proc writes it afresh at each read at 0."""
-    data = os.pread(fd, 4096, 0)
-    if not data:
-        raise ProcessLookupError("its stat is empty")
-    try:
-        return _proc_stat(data)
-    except (ValueError, IndexError) as exc:
-        raise OSError(f"cannot parse a process's stat: {exc}") from exc
-
-
 def _read_small(path: str) -> str:
     return _read_bytes(path).decode(errors="replace")
 
@@ -211,8 +196,8 @@ class CgroupFs:
     """Reads under `proc` (a fake tree in tests): its `self/mounts`, `self/cgroup` (the agent's
     own cgroups) and `<pid>/...`. `refresh()` re-reads the mounts and the agent's cgroups (once
     a sample); the other methods read what they are asked, now, but for the containers' cgroups
-    (kept by key, see the module's docstring; `keep_only` forgets the others). The `stat` files
-    of the containers' processes in the last sample stay open (`_stat_of`)."""
+    (kept by key, see the module's docstring; `keep_only` forgets the others), and the process
+    tree's parents (`_tree`)."""
 
     def __init__(self, proc: Path = Path("/proc")) -> None:
         self._proc = proc
@@ -226,9 +211,6 @@ class CgroupFs:
         self._samples_since_full = FULL_TREE_EVERY  # the first tree reads every process
         self._sampled: dict[int, _ProcStat] = {}  # pid -> its stat read in this sample
         self._plans: dict[str, _Plan] = {}
-        self._stat_files: dict[int, int] = {}  # pid -> its `stat`, open (`_stat_of`)
-        self._max_kept = min(MAX_KEPT_FILES, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 4)
-        self._used_pids: set[int] = set()  # the containers' processes since `keep_only`
 
     def refresh(self) -> None:
         mounts = read_mounts((self._proc / "self" / "mounts").read_text())
@@ -244,10 +226,9 @@ class CgroupFs:
 
     def keep_only(self, keys: set[str]) -> None:
         """At the end of a sample: forget the cgroups of every container but these (those no
-        longer sampled), and close the files of the processes that are no container's."""
+        longer sampled), and the processes read in the sample."""
         for key in self._plans.keys() - keys:
             del self._plans[key]
-        self._close_unused()
         self._sampled = {}
 
     # --- containers ---------------------------------------------------------------------
@@ -351,7 +332,6 @@ class CgroupFs:
                 continue
             break
         if pids is not None:
-            self._used_pids.update(pids)
             return [stat for p in pids if (stat := self._stat_of(p)) is not None]
         children = self._tree()
         found: list[_ProcStat] = []
@@ -367,51 +347,20 @@ class CgroupFs:
                 self._samples_since_full = FULL_TREE_EVERY
                 continue
             found.append(stat)
-            self._used_pids.add(current)
             todo.extend((child, current) for child in children.get(current, ()))
         return found
 
     def _stat_of(self, pid: int) -> _ProcStat | None:
-        """The process's `stat`, through a file kept open while the process is a container's
-        (one system call instead of three). A kept file is the process's own: once it is gone
-        its reads fail, even if its pid is used again."""
+        """The process's `stat`, read once a sample; None if it is gone."""
         known = self._sampled.get(pid)
         if known is not None:
             return known
-        stat = self._read_stat(pid)
-        if stat is not None:
-            self._sampled[pid] = stat
-        return stat
-
-    def _read_stat(self, pid: int) -> _ProcStat | None:
-        """None: the process is gone."""
-        fd = self._stat_files.get(pid)
-        if fd is None:
-            try:
-                fd = os.open(f"{self._proc_dir}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                return None
-            if len(self._stat_files) >= self._max_kept:
-                try:
-                    return _stat_from(fd)
-                except OSError:
-                    return None
-                finally:
-                    os.close(fd)
-            self._stat_files[pid] = fd
         try:
-            return _stat_from(fd)
-        except OSError:
-            del self._stat_files[pid]
-            os.close(fd)
-            return None
-
-    def _close_unused(self) -> None:
-        """Close the files of the processes that are no container's in the last sample (gone,
-        or read only to find the containers' descendants)."""
-        for pid in self._stat_files.keys() - self._used_pids:
-            os.close(self._stat_files.pop(pid))
-        self._used_pids = set()
+            stat = _proc_stat(_read_bytes(f"{self._proc_dir}/{pid}/stat"))
+        except (OSError, ValueError, IndexError):
+            return None  # gone since it was listed
+        self._sampled[pid] = stat
+        return stat
 
     def _tree(self) -> dict[int, list[int]]:
         """Each process's children: made once a sample, and only if a container needs its

@@ -105,9 +105,7 @@ def proc_stat(pid: int, ppid: int, ticks: tuple[int, int, int, int], rss_pages: 
 
 
 def gone(proc: Path, pid: int) -> None:
-    """The process ends: it leaves the listing, and its stat file, open or not, reads nothing
-    (the kernel's fails with ESRCH)."""
-    write(proc / str(pid) / "stat", "")
+    """The process ends: it leaves the listing, with its files."""
     shutil.rmtree(proc / str(pid))
 
 
@@ -646,26 +644,35 @@ async def test_real_processes_in_real_cgroups(tmp_path: Path) -> None:
         await rt.close()
 
 
-async def test_a_gone_process_is_not_read_and_its_file_is_closed() -> None:
-    """A container's process read each sample through a file kept open: once the process is
-    gone its container is left out (a file kept open never reads whoever gets the pid next),
-    and the file is closed."""
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
-    def open_files() -> int:
-        return len(os.listdir("/proc/self/fd"))
 
-    proc = await asyncio.create_subprocess_exec("sleep", "60")
-    collector = StatsCollector(Lister(runtime_pod(container(proc.pid))), "n1")
+def _rss_pages(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[21])
+
+
+async def test_a_real_process_tree_is_read_until_its_process_is_gone() -> None:
+    """Over the real /proc: a container's process and its child are its usage (the child's
+    parent read once), and a container whose process ended is left out."""
+    main = await asyncio.create_subprocess_exec(
+        "sh", "-c", "sleep 60 & wait", start_new_session=True
+    )
+    collector = StatsCollector(Lister(runtime_pod(container(main.pid))), "n1")
     try:
-        before = open_files()
+        for _ in range(100):  # until the shell has its child
+            if children := await asyncio.to_thread(_children, main.pid):
+                break
+            await asyncio.sleep(0.02)
+        rss = []
         for _ in range(3):
-            stats = await collector.sample()
-            (pod,) = stats.pods
-            assert pod.containers[0].memory is not None
-        assert open_files() == before + 1  # the process's stat, and nothing more each sample
+            (pod,) = (await collector.sample()).pods
+            memory = pod.containers[0].memory
+            assert memory is not None
+            rss.append(memory.rss_bytes)
+        pages = [await asyncio.to_thread(_rss_pages, p) for p in (main.pid, *children)]
+        assert rss[-1] == sum(pages) * os.sysconf("SC_PAGE_SIZE")
     finally:
-        proc.kill()
-        await proc.wait()
-    stats = await collector.sample()
-    assert stats.pods == ()
-    assert open_files() == before
+        os.killpg(main.pid, 9)
+        await main.wait()
+    assert (await collector.sample()).pods == ()
