@@ -351,8 +351,8 @@ class Kubelet:
         loop = asyncio.get_running_loop()
         updates, events, probes = self.pod_config.updates, self._pleg.events, self._probe_results
         # One wake-up for the loop: each source's pending get wakes it when it completes, and
-        # a timer at the next tick. (asyncio.wait over the four, each iteration, added and
-        # removed four callbacks and built two sets: a quarter of an idle agent's loop.)
+        # a timer at the next tick. (asyncio.wait over the four added and removed four
+        # callbacks and built two sets at each of the idle loop's 90 wake-ups a minute.)
         wake: asyncio.Future[None] = loop.create_future()
 
         def woken(_: object = None) -> None:
