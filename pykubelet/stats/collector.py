@@ -111,7 +111,7 @@ class StatsCollector:
         # Each pod's part of the latest storage reading (`_pod_storage`), by pod UID.
         self._storage_of: StorageReading | None = None
         self._pods_storage: dict[str, _PodStorage] = {}
-        # One sample at a time: the file reader keeps per-sample state (its process table).
+        # One sample at a time: the file reader keeps per-sample state (the processes it read).
         self._lock = asyncio.Lock()
 
     def latest(self) -> NodeStats | None:

@@ -261,7 +261,7 @@ def _log_files(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def _top_files(directory: str | Path) -> list[str]:
+def _top_files(directory: str) -> list[str]:
     """The files directly in a directory (a pod's: etc-hosts, resolv.conf, not its volumes)."""
     try:
         with os.scandir(directory) as entries:
