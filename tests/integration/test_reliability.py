@@ -29,7 +29,7 @@ def marker(index: int, version: int) -> str:
     return f"9999.{RUN}{index:03d}{version:03d}"
 
 
-def write(manifests: Path, index: int, version: int, launched: bool = False) -> None:
+def write(manifests: Path, index: int, version: int, launched: str = "") -> None:
     doc: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -41,10 +41,14 @@ def write(manifests: Path, index: int, version: int, launched: bool = False) -> 
             ],
         },
     }
-    if launched:
+    if launched == "forked":
         # Another group: the container starts through the launcher, forked by the launch
         # server, which dies with each SIGKILLed agent while its children run on.
         doc["spec"]["securityContext"] = {"supplementalGroups": [4321]}
+    elif launched == "spawned":
+        # A volume alone: the launch server spawns the container into a namespace it made.
+        doc["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+        doc["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": "/s"}]
     tmp = manifests / f".churn-{index}.tmp"
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, manifests / f"churn-{index}.json")
@@ -65,14 +69,15 @@ def sleeps() -> dict[str, list[int]]:
 @pytest.mark.parametrize(
     ("crashes", "launched"),
     [
-        pytest.param(6, False, id="6"),
-        pytest.param(4, True, id="4-launched"),
-        pytest.param(60, False, marks=pytest.mark.soak, id="soak"),
-        pytest.param(60, True, marks=pytest.mark.soak, id="soak-launched"),
+        pytest.param(6, "", id="6"),
+        pytest.param(4, "forked", id="4-launched"),
+        pytest.param(4, "spawned", id="4-spawned"),
+        pytest.param(60, "", marks=pytest.mark.soak, id="soak"),
+        pytest.param(60, "forked", marks=pytest.mark.soak, id="soak-launched"),
     ],
 )
 def test_sigkill_during_churn_converges(
-    start_agent, manifests: Path, crashes: int, launched: bool
+    start_agent, manifests: Path, crashes: int, launched: str
 ) -> None:  # type: ignore[no-untyped-def]
     seed = int(os.environ.get("CHURN_SEED", time.time()))
     rng = random.Random(seed)
@@ -86,6 +91,8 @@ def test_sigkill_during_churn_converges(
     agents = [agent]
     first = wait_for("initial pods", lambda: len(_running(agent)) == 2 and _running(agent))
     first_ids = {name: container_state(pod)["containerID"] for name, pod in first.items()}
+    if launched and agent.proc is not None:
+        assert launch_servers({agent.proc.pid}), "the first pods were started by no launch server"
 
     for _ in range(crashes):
         for _ in range(rng.randint(2, 6)):
@@ -140,7 +147,8 @@ def test_sigkill_during_churn_converges(
 
 
 def launch_servers(agent_pids: set[int]) -> list[int]:
-    """The launch servers (`launcher.py --server FD AGENT_PID`) of those agents still alive."""
+    """The launch servers (`launchserver_main.py FD AGENT_PID [PODS_DIR]`) of those agents still
+    alive."""
     wanted = {str(pid) for pid in agent_pids}
     found = []
     for entry in os.listdir("/proc"):
@@ -148,13 +156,9 @@ def launch_servers(agent_pids: set[int]) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        tail = [a.decode(errors="replace") for a in argv if a][-4:]
-        if (
-            len(tail) == 4
-            and tail[0].endswith("launcher.py")
-            and tail[1] == "--server"
-            and tail[3] in wanted
-        ):
+        args = [a.decode(errors="replace") for a in argv]
+        script = [i for i, a in enumerate(args) if a.endswith("/launchserver_main.py")]
+        if script and args[script[0] + 2 : script[0] + 3] and args[script[0] + 2] in wanted:
             found.append(int(entry))
     return found
 

@@ -1,7 +1,8 @@
 """The launch server: the containers that need a launcher are forked by a long-lived process (one
 while they start one by one, a few when they start together), their exit codes still known; a
 server that dies is started again, and what it had started runs on (its exit code unknown, as
-after a restart of the agent)."""
+after a restart of the agent). A container that asks for mounts alone is spawned by the server
+into a mount namespace it made, and the server goes back to its own."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from pykubelet.runtime.base import ContainerRunState
+from pykubelet.runtime.base import ContainerRunState, Mount, StartError
 from pykubelet.runtime.process.launchserver import LAUNCH_SERVERS
 from pykubelet.runtime.process.runtime import UNKNOWN_REASON, ProcessRuntime
 from tests.unit.test_process_launcher import LAUNCHED, with_
 from tests.unit.test_process_runtime import (
+    config,
     current,
     kill_quietly,
     new_pod,
@@ -44,7 +46,8 @@ def servers() -> list[int]:
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            if b"--server" in argv and parent_of(int(entry)) == os.getpid():
+            server = any(a.endswith(b"/launchserver_main.py") for a in argv)
+            if server and parent_of(int(entry)) == os.getpid():
                 found.append(int(entry))
         except (OSError, IndexError, ValueError):
             continue
@@ -101,3 +104,37 @@ async def test_containers_started_together_are_forked_by_a_few_servers_their_exi
         # Each exit is asked of the server that forked it.
         got = await wait_exited(rt, container)
         assert (got.exit_code, got.reason) == (10 + i, "Error")
+
+
+async def test_a_container_with_mounts_alone_is_spawned_in_its_namespace_the_server_in_its_own(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    pod, sb = await new_pod(rt)
+    (tmp_path / "volume").mkdir()
+    (tmp_path / "volume" / "data").write_text("in the volume\n")
+    mounts = [Mount(str(tmp_path / "volume"), str(tmp_path / "at"), read_only=True)]
+    script = "cat at/data; exec sleep 300"
+    first = await rt.start_container(
+        pod, sb, with_(sh(script, name="a", working_dir=str(tmp_path)), mounts=mounts)
+    )
+    [server] = servers()
+    assert first.pid is not None and parent_of(first.pid) == server
+    home = os.readlink(f"/proc/{server}/ns/mnt")
+    assert os.readlink(f"/proc/{first.pid}/ns/mnt") not in (home, os.readlink("/proc/self/ns/mnt"))
+    # A start that fails in its namespace leaves the server in its own, ready for the next.
+    with pytest.raises(StartError) as e:
+        cfg = config(command=["no-such-program-pykubelet"], name="b")
+        await rt.start_container(pod, sb, with_(cfg, mounts=mounts))
+    assert "executable file not found" in e.value.message
+    second = await rt.start_container(
+        pod, sb, with_(sh("cat at/data", name="c", working_dir=str(tmp_path)), mounts=mounts)
+    )
+    got = await wait_exited(rt, second)
+    assert got.exit_code == 0 and await rt.read_log(second) == b"in the volume\n"
+    assert servers() == [server] and os.readlink(f"/proc/{server}/ns/mnt") == home
+    # The volume was in the containers' namespaces alone.
+    assert list((tmp_path / "at").iterdir()) == []
+    assert await rt.read_log(first) == b"in the volume\n"
+    kill_quietly(first.pid)
+    got = await wait_exited(rt, first)
+    assert (got.exit_code, got.reason) == (128 + signal.SIGKILL, "Error")

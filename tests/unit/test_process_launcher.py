@@ -35,17 +35,27 @@ def proc_file(pid: int, name: str) -> bytes:
         return f.read()
 
 
-# A supplemental group is the cheapest way to route a container through the launcher.
+# A supplemental group is the cheapest way to route a container through a forked launcher.
 LAUNCHED: dict[str, object] = {"supplemental_groups": [4321]}
 
 
+@pytest.fixture(params=["forked", "spawned"])
+def route(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, object]:
+    """The changes that start a container through a launcher the launch server forks, or (mounts
+    alone) through the server itself, which spawns the command into a namespace it made."""
+    if request.param == "forked":
+        return LAUNCHED
+    (tmp_path / "volume").mkdir()
+    return {"mounts": [Mount(str(tmp_path / "volume"), str(tmp_path / "mounted"))]}
+
+
 async def test_launcher_reports_exec_errors_as_plain_starts_do(
-    rt: ProcessRuntime, tmp_path: Path
+    rt: ProcessRuntime, tmp_path: Path, route: dict[str, object]
 ) -> None:
     pod, sb = await new_pod(rt)
     with pytest.raises(StartError) as e:
         await rt.start_container(
-            pod, sb, with_(config(command=["no-such-program-pykubelet"]), **LAUNCHED)
+            pod, sb, with_(config(command=["no-such-program-pykubelet"]), **route)
         )
     assert (e.value.reason, e.value.message) == (
         "RunContainerError",
@@ -55,11 +65,11 @@ async def test_launcher_reports_exec_errors_as_plain_starts_do(
     script.write_text("#!/bin/sh\necho hi\n")
     script.chmod(0o644)
     with pytest.raises(StartError) as e:
-        await rt.start_container(pod, sb, with_(config(command=[str(script)]), **LAUNCHED))
+        await rt.start_container(pod, sb, with_(config(command=[str(script)]), **route))
     assert e.value.reason == "RunContainerError" and "permission denied" in e.value.message
     with pytest.raises(StartError) as e:
         cfg = config("true", command=["/bin/sh"], working_dir=str(tmp_path / "nope"))
-        await rt.start_container(pod, sb, with_(cfg, **LAUNCHED))
+        await rt.start_container(pod, sb, with_(cfg, **route))
     assert (e.value.reason, e.value.message) == (
         "RunContainerError",
         f'the working directory "{tmp_path}/nope" does not exist',
@@ -72,22 +82,24 @@ async def test_launcher_reports_exec_errors_as_plain_starts_do(
     assert got is not None and got.containers == []  # nothing recorded, nothing left running
 
 
-async def test_a_launched_container_starts_with_the_signals_of_a_plain_one(
-    rt: ProcessRuntime,
+async def test_a_launched_container_starts_with_the_signals_and_fds_of_a_plain_one(
+    rt: ProcessRuntime, route: dict[str, object]
 ) -> None:
     """As runc starts a container: the launcher's Python ignores SIGPIPE and SIGXFSZ, and an
     exec'd command would inherit that (`yes | head` would never end). It gets what a command
     exec'd directly gets (Popen's restore_signals): no signal blocked, SIGPIPE and SIGXFSZ at
-    their defaults, and whatever the agent itself was started with ignored (nohup's SIGHUP)."""
-    script = "grep -E '^Sig(Ign|Blk)' /proc/self/status; yes | head -n 1"
+    their defaults, and whatever the agent itself was started with ignored (nohup's SIGHUP).
+    Its open files are its stdio alone, as a plain container's."""
+    script = "grep -E '^Sig(Ign|Blk)' /proc/self/status; yes | head -n 1; ls /proc/$$/fd"
     proc = await asyncio.create_subprocess_exec(
         "/bin/sh", "-c", script, stdout=asyncio.subprocess.PIPE
     )
     plain, _ = await proc.communicate()
     pipe_and_xfsz = (1 << (signal.SIGPIPE - 1)) | (1 << (signal.SIGXFSZ - 1))
     assert int(plain.split(b"SigIgn:\t")[1][:16], 16) & pipe_and_xfsz == 0
+    assert plain.split()[-3:] == [b"0", b"1", b"2"]
     pod, sb = await new_pod(rt)
-    c = await rt.start_container(pod, sb, with_(sh(script), **LAUNCHED))
+    c = await rt.start_container(pod, sb, with_(sh(script), **route))
     done = await wait_exited(rt, c)
     assert done.exit_code == 0, await rt.read_log(c)
     assert await rt.read_log(c) == plain
@@ -107,14 +119,14 @@ def processes_running(argv: list[str]) -> list[int]:
 
 
 async def test_a_start_cancelled_while_its_launcher_forks_leaves_nothing_unrecorded(
-    rt: ProcessRuntime,
+    rt: ProcessRuntime, route: dict[str, object]
 ) -> None:
     """The launcher forks in a thread; a kill that cancels the start meanwhile (pod workers do)
     must find the container either recorded or gone once the start is over, never running
     unknown to the runtime (nor coming up later)."""
     pod, sb = await new_pod(rt)
     argv = ["sleep", f"61.{uuid.uuid4().int % 10**6}"]
-    cfg = with_(config(command=argv), **LAUNCHED)
+    cfg = with_(config(command=argv), **route)
 
     async def recorded() -> set[int | None]:
         got = await rt.get_pod(pod.uid)

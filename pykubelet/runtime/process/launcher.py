@@ -2,8 +2,10 @@
 
 Run as `python -I -S launcher.py CONFIG_FD ERROR_FD [TREE_FD ...]` only for containers that need
 it (cgroups, mounts, another user): plain containers are exec'd directly, since this costs a
-Python start. `-S` keeps site-packages out, so this file imports nothing but the standard library
-and never the pykubelet package (which is why it is one file, a long one). It runs as root with a
+Python start (or forked by a launch server, launchserver_main.py, which also follows these
+instructions itself for a container that asks for mounts alone). `-S` keeps site-packages out,
+so this file imports nothing but the standard library and never the pykubelet package. It runs
+as root with a
 fixed environment (PATH only): the container's own variables (LD_PRELOAD...) would reach the
 dynamic linker of a root process; they are in the instructions and only the exec'd command gets
 them.
@@ -14,7 +16,8 @@ unlike `json` it costs no import: this file's imports are most of a container's 
     {"cgroups": [".../cgroup.procs", ...], "mounts": [{"source", "target", "read_only", "tree"}],
      "read_only_root": bool, "pods_dir": str|null, "uid": int|null, "gid": int|null,
      "groups": [int]|null, "cwd": str, "argv": [str, ...], "env": {str: str},
-     "home_of_user": bool, "tty": bool, "no_new_privs": bool, "capabilities": [int]|null}
+     "home_of_user": bool, "tty": bool, "no_new_privs": bool, "capabilities": [int]|null,
+     "pods_detached": bool (a launch server's: its namespace has nothing of pods_dir)}
 ("home_of_user": HOME becomes the user's home from /etc/passwd, or /, as runc sets it. "tty": the
 container's stdin is a terminal, made its controlling terminal first, as below for --exec.
 "no_new_privs": allowPrivilegeEscalation false. "capabilities": the capability numbers the
@@ -57,7 +60,7 @@ import warnings  # noqa: F401 - os.execvpe imports it, after the user switch may
 
 TYPE_CHECKING = False  # typing's, without importing typing (3 ms a start)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, NoReturn
 
 CLONE_NEWNS = 0x00020000
 MS_RDONLY = 1
@@ -97,8 +100,7 @@ MOVE_MOUNT_T_EMPTY_PATH = 0x40
 MAX_SYMLINKS = 40
 
 EXIT_FAILED = 127
-# Set in a launch server whose own namespace holds nothing of the pods directory (below).
-_PODS_DETACHED = False
+MAX_TREES = 240  # mount trees a launch server's message carries: 253 fds at most (SCM_MAX_FD)
 
 
 class LaunchError(Exception):
@@ -112,7 +114,7 @@ class LaunchError(Exception):
 _LIBC: Any = None
 
 
-def _libc() -> Any:
+def c_library() -> Any:
     """The C library, loaded once per process: a launch server loads it (and the functions a
     launch calls) before it forks, and each launcher inherits them ready (0.13 ms a launch)."""
     global _LIBC
@@ -127,7 +129,7 @@ def _check(result: int, stage: str, what: str) -> None:
         raise LaunchError(stage, f"{what}: {os.strerror(err)}", err)
 
 
-def _mount(libc: Any, source: str | None, target: str, flags: int, what: str) -> None:
+def mount(libc: Any, source: str | None, target: str, flags: int, what: str) -> None:
     src = None if source is None else os.fsencode(source)
     _check(libc.mount(src, os.fsencode(target), None, ctypes.c_ulong(flags), None), "mount", what)
 
@@ -185,11 +187,11 @@ def _read_only_mount(path: str) -> bool:
 
 def _remount(libc: Any, path: str, flags: int, what: str, clear: int = 0) -> None:
     kept = _kept_flags(path) & ~clear
-    _mount(libc, None, path, MS_BIND | MS_REMOUNT | flags | kept, what)
+    mount(libc, None, path, MS_BIND | MS_REMOUNT | flags | kept, what)
 
 
 def _open_tree(path: str, flags: int) -> int:
-    libc = _libc()
+    libc = c_library()
     fd: int = libc.syscall(
         ctypes.c_long(SYS_OPEN_TREE),
         ctypes.c_int(AT_FDCWD),
@@ -264,7 +266,7 @@ def join_mount_namespace(pid: int, start_time: int | None) -> None:
         # that got its pid after it exited.
         if start_time is not None and _start_time(pid) != start_time:
             raise LaunchError("mount", f"process {pid} is no longer the container's")
-        _check(_libc().setns(fd, CLONE_NEWNS), "mount", f"cannot enter the mounts of {pid}")
+        _check(c_library().setns(fd, CLONE_NEWNS), "mount", f"cannot enter the mounts of {pid}")
     finally:
         os.close(fd)
 
@@ -394,17 +396,15 @@ def _make_tree_read_only(libc: Any) -> None:
 def _bind(libc: Any, source: str, point: _MountPoint, read_only: bool, tree: int | None) -> None:
     """`read_only`: asked for, or the source was on the host (before / turned read-only, which
     the bind inherits otherwise). `tree`: the source's mounts as the agent cloned them, moved
-    here (and closed), instead of a bind of the path as this namespace sees it."""
+    here, instead of a bind of the path as this namespace sees it (its fd stays open: its
+    owner's to close, or close-on-exec)."""
     what = f"cannot bind {source} at {point.path}"
     if tree is None:
-        _mount(libc, source, f"/proc/self/fd/{point.fd}", MS_BIND | MS_REC, what)
+        mount(libc, source, f"/proc/self/fd/{point.fd}", MS_BIND | MS_REC, what)
         want = os.stat(source)
     else:
-        try:
-            want = os.fstat(tree)
-            _move_tree(libc, tree, point.fd, what)
-        finally:
-            os.close(tree)
+        want = os.fstat(tree)
+        _move_tree(libc, tree, point.fd, what)
     # The new mount sits on top of the mount point, out of reach of the held fd: looked up again
     # in the held parent, it must be the source's root, or the name was replaced meanwhile.
     try:
@@ -417,7 +417,7 @@ def _bind(libc: Any, source: str, point: _MountPoint, read_only: bool, tree: int
             raise LaunchError("mount", f"{what}: {point.path} changed while it was mounted")
         if tree is not None:
             # A clone of a shared mount joins its peer group: private, as a bind made here is.
-            _mount(libc, None, f"/proc/self/fd/{fd}", MS_REC | MS_PRIVATE, f"{what} (private)")
+            mount(libc, None, f"/proc/self/fd/{fd}", MS_REC | MS_PRIVATE, f"{what} (private)")
         # A bind ignores flags; set-user-ID programs and device files from a volume would give
         # the container's user what its runAsUser denies.
         attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (MOUNT_ATTR_RDONLY if read_only else 0)
@@ -430,11 +430,12 @@ def _bind(libc: Any, source: str, point: _MountPoint, read_only: bool, tree: int
         os.close(fd)
 
 
-def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
+def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]], pods_detached: bool) -> None:
     """Every mount under the agent's pods directory (other pods' tmpfs volumes, copied by
     unshare) goes from this namespace: a copy would keep their memory after the agent unmounts
     them. The container's own binds are mounts at their targets and stay. When the directory
-    is a mount itself, that one detach takes them all (one call, not one per pod)."""
+    is a mount itself, that one detach takes them all (one call, not one per pod).
+    `pods_detached`: the namespace copied had none of it (a launch server's own)."""
     # As mountinfo spells them: the agent's --root-dir may be reached through a symlink.
     pods_dir = os.path.realpath(pods_dir)
     roots = [pods_dir]
@@ -443,10 +444,10 @@ def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
         rel = os.path.relpath(pods_dir, os.path.realpath(source))
         if not rel.startswith(".."):
             roots.append(os.path.normpath(os.path.join(point.path, rel)))
-    if _PODS_DETACHED:
+    if pods_detached:
         roots.remove(pods_dir)  # never in the launch server's namespace, nor in this copy
     own = {point.path for _, point in mounts}
-    libc = _libc()
+    libc = c_library()
     rest = []
     for root in roots:
         if not any(o == root or o.startswith(root + "/") for o in own):
@@ -469,18 +470,24 @@ def _detach_pods(pods_dir: str, mounts: list[tuple[str, _MountPoint]]) -> None:
                 raise LaunchError("mount", f"cannot detach {path}: {os.strerror(err)}", err)
 
 
+def unshare() -> None:
+    """This process in a mount namespace of its own, a copy of the one it was in."""
+    _check(c_library().unshare(CLONE_NEWNS), "mount", "cannot create a mount namespace (unshare)")
+
+
 def set_up_mounts(
     mounts: list[dict[str, Any]],
     read_only_root: bool,
     pods_dir: str | None,
     trees: list[int] | None = None,
+    pods_detached: bool = False,
 ) -> None:
-    """`trees`: the fds of the sources' mounts cloned by the agent, indexed by each mount's
-    "tree" (those of the launch server's children, whose namespace has no pod's volume)."""
-    libc = _libc()
-    _check(libc.unshare(CLONE_NEWNS), "mount", "cannot create a mount namespace (unshare)")
+    """The container's mounts, in the new mount namespace the caller made (`unshare`).
+    `trees`: the fds of the sources' mounts cloned by the agent, indexed by each mount's "tree"
+    (those of the launch server's children, whose namespace has no pod's volume)."""
+    libc = c_library()
     # Private, so that nothing mounted here shows on the host, nor the other way round.
-    _mount(libc, None, "/", MS_REC | MS_PRIVATE, "cannot make / private")
+    mount(libc, None, "/", MS_REC | MS_PRIVATE, "cannot make / private")
     points: list[tuple[str, _MountPoint]] = []
     read_only: list[bool] = []
     tree_of: list[int | None] = []
@@ -508,13 +515,13 @@ def set_up_mounts(
         for (source, point), ro, tree in zip(points, read_only, tree_of, strict=True):
             _bind(libc, source, point, ro, tree)
         if pods_dir:
-            _detach_pods(pods_dir, points)
+            _detach_pods(pods_dir, points, pods_detached)
     finally:
         for _, point in points:
             point.close()
 
 
-def _chdir(cwd: str) -> OSError | None:
+def chdir(cwd: str) -> OSError | None:
     try:
         os.chdir(cwd)
     except OSError as e:
@@ -540,9 +547,9 @@ def _primary_gid(uid: int) -> int:
         return 0  # as runc: a uid with no passwd entry runs with gid 0
 
 
-def _prctl(stage: str, what: str, *args: int) -> None:
+def prctl(stage: str, what: str, *args: int) -> None:
     values = [*args, 0, 0, 0, 0][:5]
-    _check(_libc().prctl(*(ctypes.c_ulong(v) for v in values)), stage, what)
+    _check(c_library().prctl(*(ctypes.c_ulong(v) for v in values)), stage, what)
 
 
 def drop_bounding(keep: list[int]) -> None:
@@ -551,7 +558,7 @@ def drop_bounding(keep: list[int]) -> None:
     last = int(open("/proc/sys/kernel/cap_last_cap").read())  # noqa: SIM115 - one read
     for cap in range(last + 1):
         if cap not in keep:
-            _prctl("capabilities", f"cannot drop capability {cap}", PR_CAPBSET_DROP, cap)
+            prctl("capabilities", f"cannot drop capability {cap}", PR_CAPBSET_DROP, cap)
 
 
 def set_capabilities(keep: list[int], ambient: bool) -> None:
@@ -561,7 +568,7 @@ def set_capabilities(keep: list[int], ambient: bool) -> None:
     high = sum(1 << (c - 32) for c in keep if c >= 32)
     header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)(low, low, low, high, high, high)
-    libc = _libc()
+    libc = c_library()
     number = SYS_CAPSET.get(os.uname().machine)
     if number is None:
         raise LaunchError("capabilities", f"capset: unknown system call on {os.uname().machine}")
@@ -570,7 +577,7 @@ def set_capabilities(keep: list[int], ambient: bool) -> None:
         raise LaunchError("capabilities", f"cannot set capabilities: {os.strerror(err)}", err)
     if ambient:
         for cap in keep:
-            _prctl("capabilities", f"cannot raise ambient capability {cap}", PR_CAP_AMBIENT,
+            prctl("capabilities", f"cannot raise ambient capability {cap}", PR_CAP_AMBIENT,
                    PR_CAP_AMBIENT_RAISE, cap)  # fmt: skip
 
 
@@ -582,7 +589,7 @@ def switch_user(
     The working directory is entered as root first (the default one, the pod's directory, is
     0700 root), and again as the user only if root could not (as runc does, for a directory on
     NFS with root squashing)."""
-    early = _chdir(cwd)
+    early = chdir(cwd)
     if uid is None and gid is None and groups is None:
         return early
     if gid is None:
@@ -599,11 +606,11 @@ def switch_user(
     if os.getuid() != 0:
         # No set-user-ID program (su, sudo, one on a volume) gives root back to the user.
         _check(
-            _libc().prctl(PR_SET_NO_NEW_PRIVS, *(ctypes.c_ulong(v) for v in (1, 0, 0, 0))),
+            c_library().prctl(PR_SET_NO_NEW_PRIVS, *(ctypes.c_ulong(v) for v in (1, 0, 0, 0))),
             "user",
             "cannot set no_new_privs",
         )
-    return early if early is None else _chdir(cwd)
+    return early if early is None else chdir(cwd)
 
 
 def take_terminal(uid: int | None) -> None:
@@ -636,24 +643,26 @@ def launch(config: dict[str, Any], error_fd: int | None, trees: list[int] | None
             int(config["mount_ns_pid"]), None if start_time is None else int(start_time)
         )
     elif config.get("mounts") or config.get("read_only_root"):
+        unshare()
         set_up_mounts(
             list(config.get("mounts") or []),
             bool(config.get("read_only_root")),
             config.get("pods_dir"),
             trees,
+            bool(config.get("pods_detached")),
         )
     cwd = str(config["cwd"])
     keep = config.get("capabilities")
     if keep is not None:
         drop_bounding([int(c) for c in keep])
-        _prctl("capabilities", "cannot keep capabilities", PR_SET_KEEPCAPS, 1)
+        prctl("capabilities", "cannot keep capabilities", PR_SET_KEEPCAPS, 1)
     err = switch_user(config.get("uid"), config.get("gid"), config.get("groups"), cwd)
     if err is not None:
         raise LaunchError("chdir", f"cannot enter {cwd}: {err.strerror}", err.errno)
     if keep is not None:
         set_capabilities([int(c) for c in keep], ambient=os.getuid() != 0)
     if config.get("no_new_privs"):
-        _prctl("no_new_privs", "cannot set no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
+        prctl("no_new_privs", "cannot set no_new_privs", PR_SET_NO_NEW_PRIVS, 1)
     argv = [str(a) for a in config["argv"]]
     env = {str(k): str(v) for k, v in config["env"].items()}
     uid = config.get("uid")
@@ -664,10 +673,14 @@ def launch(config: dict[str, Any], error_fd: int | None, trees: list[int] | None
     restore_signals()
     try:
         os.execvpe(argv[0], argv, env)
-    except OSError as e:
-        raise LaunchError("exec", e.strerror or str(e), e.errno) from e
-    except ValueError as e:  # a NUL byte in an argument or variable
-        raise LaunchError("exec", str(e)) from e
+    except (OSError, ValueError) as e:
+        raise exec_failed(e) from e
+
+
+def exec_failed(e: OSError | ValueError) -> LaunchError:
+    if isinstance(e, OSError):
+        return LaunchError("exec", e.strerror or str(e), e.errno)
+    return LaunchError("exec", str(e))  # a NUL byte in an argument or variable
 
 
 def restore_signals() -> None:
@@ -682,30 +695,47 @@ def restore_signals() -> None:
             _signal.signal(number, _signal.SIG_DFL)
 
 
-def _read_all(fd: int) -> bytes:
-    """`fd` read to its end, then closed (os.read: a file object costs a forked launcher as much
-    as the read)."""
+def read_all(fd: int, close: bool = True) -> bytes:
+    """`fd` read to its end, then closed unless `close` is False (os.read: a file object costs
+    a forked launcher as much as the read)."""
     chunks = []
     try:
         while chunk := os.read(fd, 1 << 16):
             chunks.append(chunk)
     finally:
-        os.close(fd)
+        if close:
+            os.close(fd)
     return b"".join(chunks)
 
 
 def run_launch(config_fd: int, error_fd: int | None, trees: list[int] | None = None) -> None:
     """Read the instructions, follow them and exec; never returns: a failure is reported (on
     error_fd, else on stderr) and the process exits EXIT_FAILED."""
-    report: dict[str, Any]
     try:
-        config = marshal.loads(_read_all(config_fd))
+        config = marshal.loads(read_all(config_fd))
+    except BaseException as e:
+        report_and_exit(report_of(e), error_fd)
+    follow(config, error_fd, trees)
+
+
+def follow(config: dict[str, Any], error_fd: int | None, trees: list[int] | None) -> None:
+    """As `run_launch`, with the instructions read."""
+    try:
         launch(config, error_fd, trees)
         report = {"stage": "launcher", "errno": None, "message": "exec returned"}
-    except LaunchError as e:
-        report = {"stage": e.stage, "errno": e.errno, "message": e.message}
-    except BaseException as e:  # never a silent crash: the agent turns this into a StartError
-        report = {"stage": "launcher", "errno": None, "message": f"{type(e).__name__}: {e}"}
+    except BaseException as e:
+        report = report_of(e)
+    report_and_exit(report, error_fd)
+
+
+def report_of(e: BaseException) -> dict[str, Any]:
+    if isinstance(e, LaunchError):
+        return {"stage": e.stage, "errno": e.errno, "message": e.message}
+    # Never a silent crash: the agent turns this into a StartError.
+    return {"stage": "launcher", "errno": None, "message": f"{type(e).__name__}: {e}"}
+
+
+def report_and_exit(report: dict[str, Any], error_fd: int | None) -> NoReturn:
     try:
         if error_fd is None:
             os.write(2, f"pykubelet launcher: {report['message']}\n".encode())
@@ -717,129 +747,13 @@ def run_launch(config_fd: int, error_fd: int | None, trees: list[int] | None = N
         os._exit(EXIT_FAILED)
 
 
-# --- the launch server -------------------------------------------------------------------------
-#
-# `launcher.py --server SOCKET_FD AGENT_PID`: one long-lived launcher that forks a launcher per
-# container instead of starting Python for each (29 -> 4 ms of CPU a container here). It is a
-# single-threaded process, so its forked child may run Python code safely, as a launcher started
-# afresh does. Over SOCKET_FD (a SOCK_SEQPACKET socket, one message a request, served in order):
-#   ("launch",) with four fds [instructions memfd, stdin, stdout+stderr, error pipe's write end]
-#       and the mount trees the agent cloned (each mount's "tree" indexes them)
-#       -> ("launched", pid): the child runs in a new session, as `run_launch` above;
-#   ("reap", pid) -> ("reaped", wait status or None): the server's child waited for, once the
-#       agent saw it exit (through a pidfd) and killed its group: until then the zombie keeps
-#       its pid, as for the agent's own children.
-# The server dies with the agent (PR_SET_PDEATHSIG); its children, the containers, run on.
-#
-# Given PODS_DIR (`--server SOCKET_FD AGENT_PID PODS_DIR`) and a kernel with open_tree, the
-# server runs in a mount namespace of its own: the host's, a slave of it (the host's mounts
-# reach it where they are shared, as under systemd; nothing goes back), without the pods
-# directory's mount, so without any pod's volume. A launcher's unshare then copies a few mounts,
-# not one per pod's volume (at 1,000 pods, 0.8 ms more CPU a launch, and the kernel's mount lock
-# held as long), and its volumes come as trees the agent cloned in the host's namespace.
-PR_SET_PDEATHSIG = 1
-LAUNCH_CALLS = ("unshare", "mount", "umount2", "syscall", "prctl", "setns")
-SIGKILL = 9
-LAUNCH_FDS = 4
-MAX_TREES = 240  # a message carries at most 253 fds (SCM_MAX_FD)
-
-
-def own_namespace(pods_dir: str) -> bool:
-    """The launch server's own mount namespace, as above; whether the pods directory's mount
-    (podsmount.py) left it with every volume below. False, and the namespace unchanged, where
-    trees cannot be moved or no namespace can be made (not root)."""
-    if not trees_supported():
-        return False
-    libc = _libc()
-    if libc.unshare(CLONE_NEWNS) != 0:
-        return False
-    try:
-        _mount(libc, None, "/", MS_REC | MS_SLAVE, "cannot make / a slave of the host's")
-    except LaunchError:
-        return False  # the host's mounts as they are now, each launcher detaching the pods'
-    return bool(libc.umount2(os.fsencode(os.path.realpath(pods_dir)), MNT_DETACH) == 0)
-
-
-def _forked_launch(fds: list[int], server_fd: int) -> int:
-    config_fd, stdin_fd, out_fd, error_fd = fds[:LAUNCH_FDS]
-    trees = fds[LAUNCH_FDS:]
-    # The pid is answered once the child leads its own session: a kill of its process group
-    # (the agent cancelling the start, stopping the pod) must never find no such group yet,
-    # and miss it (as Popen returns only after its child's setsid, and its exec).
-    in_session, session_made = os.pipe()
-    pid = os.fork()
-    if pid != 0:
-        os.close(session_made)
-        os.read(in_session, 1)  # EOF: the child closed its end after setsid, or died
-        os.close(in_session)
-        return pid
-    try:  # the child: as `spawn` starts the launcher (Popen with start_new_session, close_fds)
-        os.close(in_session)
-        os.setsid()
-        os.close(session_made)
-        os.dup2(stdin_fd, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(out_fd, 2)
-        for fd in (server_fd, stdin_fd, out_fd):
-            if fd > 2:
-                os.close(fd)
-        os.set_inheritable(error_fd, False)
-    except BaseException:
-        os._exit(EXIT_FAILED)
-    run_launch(config_fd, error_fd, trees)
-    return 0  # not reached
-
-
-def _wait_status(pid: int) -> int | None:
-    try:
-        waited, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    return status if waited == pid else None
-
-
-def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
-    import socket  # the server's alone: a launcher started afresh imports nothing it needs not
-
-    global _PODS_DETACHED
-    _prctl("server", "cannot follow the agent's death", PR_SET_PDEATHSIG, SIGKILL)
-    if os.getppid() != agent_pid:
-        os._exit(0)  # the agent died before the line above
-    if pods_dir:
-        _PODS_DETACHED = own_namespace(pods_dir)
-    server = socket.socket(fileno=socket_fd)
-    libc = _libc()
-    for name in LAUNCH_CALLS:
-        getattr(libc, name)  # looked up once here, not in every launcher
-    while True:
-        data, fds, _, _ = socket.recv_fds(server, 4096, LAUNCH_FDS + MAX_TREES)
-        if not data:
-            os._exit(0)  # the agent closed its end: it stops
-        reply: tuple[Any, ...]
-        try:
-            request = marshal.loads(data)
-            if request[0] == "launch" and len(fds) >= LAUNCH_FDS:
-                reply = ("launched", _forked_launch(fds, socket_fd))
-            elif request[0] == "reap":
-                reply = ("reaped", _wait_status(int(request[1])))
-            else:
-                reply = ("error", f"not a request: {request!r:.200} with {len(fds)} fds")
-        except OSError as e:
-            reply = ("error", f"{type(e).__name__}: {e}")
-        finally:
-            for fd in fds:
-                os.close(fd)
-        server.send(marshal.dumps(reply))
-
-
 def main() -> None:
-    if sys.argv[1] == "--server":
-        serve(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
-        return
     exec_mode = sys.argv[1] == "--exec"
     args = sys.argv[2:] if exec_mode else sys.argv[1:]
     # An exec without an error pipe reports on stderr, as text: its output is all it has.
     trees = [int(a) for a in args[2:]]  # a container's: the mount trees, after CONFIG and ERROR
+    for fd in trees:
+        os.set_inheritable(fd, False)  # moved into place, then closed by the exec
     run_launch(int(args[0]), int(args[1]) if len(args) > 1 else None, trees)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 # The launcher's own mount calls and constants: the same mounts, seen from the agent.
 from pykubelet.runtime.process.launcher import MNT_DETACH, MS_BIND, MS_PRIVATE, mount_points
-from pykubelet.runtime.process.launcher import _libc as libc
+from pykubelet.runtime.process.launcher import c_library as libc
 
 log = logging.getLogger(__name__)
 
