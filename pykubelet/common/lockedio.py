@@ -7,7 +7,8 @@ fsync, close, rename, and the directory's open, fsync, close) then spends most o
 waiting. Measured with another thread running Python: 43 ms a state file, 0.19 ms without.
 The calls here keep the lock, through the C library (ctypes.PyDLL): use them for what takes
 microseconds on a local file system (open, a small file's write, close, rename, mkdir, stat, a
-small file's read), and `os` for what may wait for a disk (fsync). In a burst of 100 manifests
+small file's read, chmod, symlink, readlink, unlink), and `os` for what may wait for a disk
+(fsync). In a burst of 100 manifests
 the file source's reads (stat, then open, read, close) took 0.5 ms a file through `os`, waiting
 for the loop, and the first pods' syncs waited for the last manifests.
 
@@ -20,6 +21,7 @@ import ctypes
 import errno
 import os
 import struct
+from stat import S_ISDIR, S_ISLNK
 from typing import NamedTuple
 
 # PyDLL, unlike CDLL, keeps the interpreter lock through the call.
@@ -42,12 +44,29 @@ _read.restype = ctypes.c_ssize_t
 _mkdir = _LIBC.mkdir
 _mkdir.argtypes = [ctypes.c_char_p, ctypes.c_uint]
 _mkdir.restype = ctypes.c_int
+_chmod = _LIBC.chmod
+_chmod.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+_chmod.restype = ctypes.c_int
+_fchmod = _LIBC.fchmod
+_fchmod.argtypes = [ctypes.c_int, ctypes.c_uint]
+_fchmod.restype = ctypes.c_int
+_symlink = _LIBC.symlink
+_symlink.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+_symlink.restype = ctypes.c_int
+_readlink = _LIBC.readlink
+_readlink.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+_readlink.restype = ctypes.c_ssize_t
+_unlink = _LIBC.unlink
+_unlink.argtypes = [ctypes.c_char_p]
+_unlink.restype = ctypes.c_int
+_PATH_MAX = 4096
 # glibc 2.28 has statx; before it, os.stat (which lets the lock go) does.
 _statx = getattr(_LIBC, "statx", None)
 if _statx is not None:
     _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
     _statx.restype = ctypes.c_int
 _AT_FDCWD = -100
+_AT_SYMLINK_NOFOLLOW = 0x100
 _STATX_BASIC_STATS = 0x7FF
 # struct statx (linux/stat.h) up to stx_dev_minor, the same on every architecture: mask,
 # blksize, attributes, nlink, uid, gid, mode, pad, ino, size, blocks, attributes_mask, then
@@ -97,6 +116,58 @@ def mkdir(path: str, mode: int) -> None:
         raise _failed(path)
 
 
+def makedirs(path: str, mode: int) -> None:
+    """`path` made with `mode` and its missing parents with 0777 (less the umask), as
+    os.makedirs with exist_ok: a directory there already is fine, anything else there is
+    FileExistsError."""
+    try:
+        mkdir(path, mode)
+        return
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if not parent or parent == path:
+            raise
+        makedirs(parent, 0o777)
+        try:
+            mkdir(path, mode)
+            return
+        except FileExistsError:
+            pass
+    if not S_ISDIR(stat(path).st_mode):
+        raise OSError(errno.EEXIST, os.strerror(errno.EEXIST), path)
+
+
+def chmod(path: str, mode: int) -> None:
+    if _chmod(os.fsencode(path), mode) != 0:
+        raise _failed(path)
+
+
+def fchmod(fd: int, mode: int, path: str) -> None:
+    if _fchmod(fd, mode) != 0:
+        raise _failed(path)
+
+
+def symlink(target: str, path: str) -> None:
+    """`path` made a symbolic link to `target`, as os.symlink(target, path)."""
+    if _symlink(os.fsencode(target), os.fsencode(path)) != 0:
+        raise _failed(path)
+
+
+def readlink(path: str) -> str:
+    buf = ctypes.create_string_buffer(_PATH_MAX)
+    n = int(_readlink(os.fsencode(path), buf, _PATH_MAX))
+    if n < 0:
+        raise _failed(path)
+    return os.fsdecode(buf.raw[:n])
+
+
+def unlink(path: str) -> None:
+    if _unlink(os.fsencode(path)) != 0:
+        raise _failed(path)
+
+
 class Stat(NamedTuple):
     """What stat(2) tells of a path (links followed): the fields of os.stat_result used here,
     with the same values (a tuple: the file source's re-list makes one per manifest)."""
@@ -109,12 +180,52 @@ class Stat(NamedTuple):
 
 
 def stat(path: str) -> Stat:
+    return _stat(path, follow_symlinks=True)
+
+
+def lstat(path: str) -> Stat:
+    """What lstat(2) tells: a symbolic link's own."""
+    return _stat(path, follow_symlinks=False)
+
+
+def exists(path: str) -> bool:
+    """As os.path.exists: links followed, False for a path that cannot be looked at."""
+    try:
+        stat(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def is_symlink(path: str) -> bool:
+    """As os.path.islink: False for a path that cannot be looked at."""
+    try:
+        return S_ISLNK(lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def is_mount(path: str) -> bool:
+    """As os.path.ismount: a mount point's device differs from its parent's, or / is its own
+    parent; a symbolic link or a path that cannot be looked at is none."""
+    try:
+        own = lstat(path)
+        if S_ISLNK(own.st_mode):
+            return False
+        parent = lstat(os.path.join(path, ".."))
+    except (OSError, ValueError):
+        return False
+    return own.st_dev != parent.st_dev or own.st_ino == parent.st_ino
+
+
+def _stat(path: str, follow_symlinks: bool) -> Stat:
     if _statx is None:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=follow_symlinks)
         return Stat(st.st_mode, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     buf = ctypes.create_string_buffer(_STATX_SIZE)
     encoded = os.fsencode(path)
-    while _statx(_AT_FDCWD, encoded, 0, _STATX_BASIC_STATS, buf) != 0:
+    flags = 0 if follow_symlinks else _AT_SYMLINK_NOFOLLOW
+    while _statx(_AT_FDCWD, encoded, flags, _STATX_BASIC_STATS, buf) != 0:
         if ctypes.get_errno() != errno.EINTR:
             raise _failed(path)
     fields = _STATX.unpack_from(buf)

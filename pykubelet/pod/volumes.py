@@ -33,7 +33,6 @@ import logging
 import os
 import shutil
 import stat
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,8 @@ from pykubelet.api.model import (
     Volume,
 )
 from pykubelet.api.quantity import parse_quantity, to_bytes
+from pykubelet.common import lockedio
+from pykubelet.pod.atomicwriter import DATA_LINK, write_files
 from pykubelet.pod.envvars import Allocatable, ApiObjects, EnvError, field_ref_value, resource_value
 from pykubelet.pod.network import ETC_HOSTS_FILE, RESOLV_CONF_FILE
 from pykubelet.pod.ownership import set_volume_ownership
@@ -67,7 +68,6 @@ CONFIG_MAP = "kubernetes.io~configmap"
 SECRET = "kubernetes.io~secret"
 DOWNWARD_API = "kubernetes.io~downward-api"
 PROJECTED = "kubernetes.io~projected"
-DATA_LINK = "..data"
 DEFAULT_MODE = 0o644  # the API's defaultMode (420)
 SUBPATH_MODE = 0o750  # what the kubelet gives a subPath directory it creates
 
@@ -279,7 +279,8 @@ class VolumeManager:
         self, pod: Pod, objects: ApiObjects, tokens: dict[tuple[str, int], bytes]
     ) -> dict[str, str]:
         # Private, as everything under --root-dir: containers reach their volumes by the binds.
-        os.makedirs(self._dir, 0o700, exist_ok=True)
+        # The quick calls of the setup keep the interpreter lock (pod/atomicwriter.py).
+        lockedio.makedirs(str(self._dir), 0o700)
         self._dir_made = True
         paths: dict[str, str] = {}
         for volume in pod.spec.volumes or []:
@@ -508,11 +509,11 @@ class VolumeManager:
         return os.path.realpath(path) if self._allowed else path
 
     def _tmpfs(self, path: Path, mode: int, size: int | None) -> None:
-        if os.path.ismount(path):
+        if lockedio.is_mount(str(path)):
             return  # mounted already (also by an agent before this one)
         if not self._root:
             raise VolumeError("a memory-backed volume needs root: pykubelet mounts a tmpfs")
-        path.mkdir(parents=True, exist_ok=True)
+        lockedio.makedirs(str(path), 0o777)
         options = f"mode={mode:o}" + (f",size={size}" if size is not None else "")
         _mount(b"tmpfs", str(path).encode(), b"tmpfs", options.encode())
 
@@ -524,46 +525,14 @@ class VolumeManager:
         private: bool,
         group: int | None = None,
     ) -> None:
-        """`group`: the pod's fsGroup, given to the new files before they are swapped in (as
-        the kubelet's atomic writer runs SetVolumeOwnership), so no reader sees them without."""
+        """`files` written to `path` as the kubelet's atomic writer does (pod/atomicwriter.py),
+        unless it holds them already."""
         payload = json.dumps(
             {k: [v.hex(), m] for k, (v, m) in sorted(files.items())}, separators=(",", ":")
         )
-        if self._written.get(path) == payload and (path / DATA_LINK).exists():
+        if self._written.get(path) == payload and lockedio.exists(str(path / DATA_LINK)):
             return
-        path.mkdir(parents=True, exist_ok=True)
-        os.chmod(path, 0o700 if private else 0o755)
-        stamp = path / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
-        stamp.mkdir(0o755)
-        for rel, (content, mode) in files.items():
-            target = stamp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, content)
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
-        if group is not None:
-            set_volume_ownership(str(stamp), group, read_only=True, on_root_mismatch=False)
-        previous = os.readlink(path / DATA_LINK) if (path / DATA_LINK).is_symlink() else None
-        temp = path / "..data_tmp"
-        with contextlib.suppress(FileNotFoundError):
-            temp.unlink()
-        temp.symlink_to(stamp.name)
-        os.replace(temp, path / DATA_LINK)
-        top = {rel.split("/", 1)[0] for rel in files}
-        for entry in os.listdir(path):
-            if entry.startswith(".."):
-                continue
-            if entry not in top and (path / entry).is_symlink():
-                (path / entry).unlink()
-        for name in top:
-            link = path / name
-            if not link.is_symlink():
-                link.symlink_to(f"{DATA_LINK}/{name}")
-        if previous is not None and previous != stamp.name:
-            shutil.rmtree(path / previous, ignore_errors=True)
+        write_files(str(path), files, private=private, group=group)
         self._written[path] = payload
 
     def _mounts(self, pod: Pod, container: Container, paths: dict[str, str]) -> list[Mount]:

@@ -92,3 +92,60 @@ def test_stat_without_statx_in_the_c_library_says_the_same(
     assert lockedio.stat(str(path)) == with_statx
     with pytest.raises(FileNotFoundError):
         lockedio.stat(str(tmp_path / "gone.yaml"))
+
+
+def test_makedirs_as_os_makedirs_with_exist_ok(tmp_path: Path) -> None:
+    leaf = tmp_path / "a" / "b" / "c"
+    lockedio.makedirs(str(leaf), 0o700)
+    assert leaf.is_dir() and leaf.stat().st_mode & 0o777 == 0o700
+    # The parents as os.makedirs makes them: 0777 less the umask.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o777 & ~umask
+    lockedio.makedirs(str(leaf), 0o700)  # there already: fine
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileExistsError):
+        lockedio.makedirs(str(tmp_path / "file"), 0o700)
+    with pytest.raises(NotADirectoryError):
+        lockedio.makedirs(str(tmp_path / "file" / "below"), 0o700)
+
+
+def test_modes_links_and_unlink_as_os_does_them(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    fd = lockedio.open_fd(str(path), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lockedio.fchmod(fd, 0o640, str(path))
+    lockedio.close_fd(fd, str(path))
+    assert path.stat().st_mode & 0o777 == 0o640
+    lockedio.chmod(str(path), 0o604)
+    assert path.stat().st_mode & 0o777 == 0o604
+    link = tmp_path / "link"
+    lockedio.symlink("..data/f", str(link))
+    assert os.readlink(link) == lockedio.readlink(str(link)) == "..data/f"
+    with pytest.raises(FileExistsError):
+        lockedio.symlink("x", str(link))
+    with pytest.raises(OSError) as e:
+        lockedio.readlink(str(path))  # not a link
+    assert e.value.filename == str(path)
+    lockedio.unlink(str(link))
+    assert not os.path.lexists(link)
+    with pytest.raises(FileNotFoundError):
+        lockedio.unlink(str(link))
+
+
+def test_lstat_is_symlink_exists_and_is_mount_as_os_path_says(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    paths = ["/", "/proc", "/proc/self", "/dev/shm", str(tmp_path), str(target)]
+    paths += [str(tmp_path / n) for n in ("link", "dangling", "nowhere")]
+    for path in paths:
+        assert lockedio.is_symlink(path) == os.path.islink(path), path
+        assert lockedio.exists(path) == os.path.exists(path), path
+        assert lockedio.is_mount(path) == os.path.ismount(path), path
+    ours, theirs = lockedio.lstat(str(tmp_path / "link")), os.lstat(tmp_path / "link")
+    assert (ours.st_mode, ours.st_ino, ours.st_size) == (
+        theirs.st_mode,
+        theirs.st_ino,
+        theirs.st_size,
+    )
