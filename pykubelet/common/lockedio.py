@@ -7,10 +7,10 @@ fsync, close, rename, and the directory's open, fsync, close) then spends most o
 waiting. Measured with another thread running Python: 43 ms a state file, 0.19 ms without.
 The calls here keep the lock, through the C library (ctypes.PyDLL): use them for what takes
 microseconds on a local file system (open, a small file's write, close, rename, mkdir, stat, a
-small file's read, chmod, symlink, readlink, unlink), and `os` for what may wait for a disk
-(fsync). In a burst of 100 manifests
-the file source's reads (stat, then open, read, close) took 0.5 ms a file through `os`, waiting
-for the loop, and the first pods' syncs waited for the last manifests.
+small file's read, chmod, symlink, readlink, unlink, link, a pipe, a memfd, a pidfd), and `os`
+for what may wait for a disk (fsync) or for another process (a socket's answer). In a burst of
+100 manifests the file source's reads (stat, then open, read, close) took 0.5 ms a file through
+`os`, waiting for the loop, and the first pods' syncs waited for the last manifests.
 
 They raise OSError (its subclass by errno, as `os` does) naming the path. Linux only.
 """
@@ -59,6 +59,24 @@ _readlink.restype = ctypes.c_ssize_t
 _unlink = _LIBC.unlink
 _unlink.argtypes = [ctypes.c_char_p]
 _unlink.restype = ctypes.c_int
+_link = _LIBC.link
+_link.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+_link.restype = ctypes.c_int
+_lseek = _LIBC.lseek
+_lseek.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_int]
+_lseek.restype = ctypes.c_long
+_pipe2 = _LIBC.pipe2
+_pipe2.argtypes = [ctypes.c_void_p, ctypes.c_int]
+_pipe2.restype = ctypes.c_int
+# glibc 2.27 and 2.36; before them, os's (which lets the lock go) does.
+_memfd_create = getattr(_LIBC, "memfd_create", None)
+if _memfd_create is not None:
+    _memfd_create.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+    _memfd_create.restype = ctypes.c_int
+_pidfd_open = getattr(_LIBC, "pidfd_open", None)
+if _pidfd_open is not None:
+    _pidfd_open.argtypes = [ctypes.c_int, ctypes.c_uint]
+    _pidfd_open.restype = ctypes.c_int
 _PATH_MAX = 4096
 # glibc 2.28 has statx; before it, os.stat (which lets the lock go) does.
 _statx = getattr(_LIBC, "statx", None)
@@ -168,6 +186,52 @@ def unlink(path: str) -> None:
         raise _failed(path)
 
 
+def link(source: str, path: str) -> None:
+    """`path` made a hard link to `source`, as os.link(source, path)."""
+    if _link(os.fsencode(source), os.fsencode(path)) != 0:
+        raise _failed(path)
+
+
+def lseek(fd: int, offset: int, how: int, path: str) -> int:
+    at = int(_lseek(fd, offset, how))
+    if at < 0:
+        raise _failed(path)
+    return at
+
+
+def pipe() -> tuple[int, int]:
+    """(read end, write end), close-on-exec both, as os.pipe."""
+    fds = (ctypes.c_int * 2)()
+    if _pipe2(fds, os.O_CLOEXEC) != 0:
+        raise _failed("pipe")
+    return fds[0], fds[1]
+
+
+def memfd_create(name: str, flags: int) -> int:
+    if _memfd_create is None:
+        return os.memfd_create(name, flags)
+    fd = int(_memfd_create(os.fsencode(name), flags))
+    if fd < 0:
+        raise _failed(f"memfd {name}")
+    return fd
+
+
+def pidfd_open(pid: int) -> int:
+    """A pidfd of process `pid` (close-on-exec, as os.pidfd_open)."""
+    if _pidfd_open is None:
+        return os.pidfd_open(pid)
+    fd = int(_pidfd_open(pid, 0))
+    if fd < 0:
+        raise _failed(f"process {pid}")
+    return fd
+
+
+def c_library() -> ctypes.PyDLL:
+    """The C library, its calls keeping the lock, for a caller with calls of its own to make
+    so (launcher.clone_tree)."""
+    return _LIBC
+
+
 class Stat(NamedTuple):
     """What stat(2) tells of a path (links followed): the fields of os.stat_result used here,
     with the same values (a tuple: the file source's re-list makes one per manifest)."""
@@ -195,6 +259,14 @@ def exists(path: str) -> bool:
     except (OSError, ValueError):
         return False
     return True
+
+
+def is_dir(path: str) -> bool:
+    """As os.path.isdir: links followed, False for a path that cannot be looked at."""
+    try:
+        return S_ISDIR(stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def is_symlink(path: str) -> bool:

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 from pykubelet import __version__
 from pykubelet.api.model import Pod
 from pykubelet.api.qos import qos_class
+from pykubelet.common import lockedio
 from pykubelet.common.ids import random_hex
 from pykubelet.runtime import logrotation
 from pykubelet.runtime.base import (
@@ -997,15 +998,17 @@ def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> in
     # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
     # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,
     # each new inode is a scan past the recently freed ones: a burst's largest kernel cost).
+    # Its calls keep the interpreter lock (common/lockedio.py), as the start's that follow.
     try:
-        os.link(marker.with_name(SANDBOX_FILE), marker)
+        lockedio.link(str(marker.with_name(SANDBOX_FILE)), str(marker))
     except FileExistsError:
         pass
     except OSError:
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+        lockedio.close_fd(lockedio.open_fd(str(marker), flags, 0o600), str(marker))
     try:
         statefile.ensure_dir(log_path.parent)
-        return open_log(log_path) if with_log and os.path.isdir(cwd) else None
+        return open_log(log_path) if with_log and lockedio.is_dir(cwd) else None
     except (OSError, StartError):
         return None  # spawn tries again and says why, naming the log file
 

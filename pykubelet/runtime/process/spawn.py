@@ -43,6 +43,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pykubelet.common import lockedio
 from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFailure, StartError
 from pykubelet.runtime.process import posixspawn, statefile
 from pykubelet.runtime.process.hostexec import run_command
@@ -174,11 +175,11 @@ def _prepare_and_spawn(
 ) -> tuple[int, int]:
     log_fd = _log_in(cwd, log_path, prepare())
     try:
-        null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        null_fd = lockedio.open_fd(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
             pid = posixspawn.spawn_process(argv[0], argv, env, cwd, null_fd, log_fd)
         finally:
-            os.close(null_fd)
+            lockedio.close_fd(null_fd, os.devnull)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isdir(cwd):
             # posix_spawn's chdir failed (the directory went after the look above): the error
@@ -188,7 +189,7 @@ def _prepare_and_spawn(
     except ValueError as e:  # a NUL byte, or "=" in a variable name
         raise StartError("CreateContainerConfigError", f"cannot start {argv[0]!r}: {e}") from e
     finally:
-        os.close(log_fd)
+        lockedio.close_fd(log_fd, str(log_path))
     pid, pidfd, _ = _watched(pid, with_start_time=False)
     return pid, pidfd
 
@@ -197,7 +198,7 @@ def _log_in(cwd: str, log_path: Path, log_fd: int | None) -> int:
     """The log file of a process to start in `cwd`: `log_fd` if opened already, else opened
     now. A missing `cwd` is the container's RunContainerError (`log_fd` closed): the exec would
     say so too, but naming the program, not the directory."""
-    if not os.path.isdir(cwd):
+    if not lockedio.is_dir(cwd):
         if log_fd is not None:
             os.close(log_fd)
         raise StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
@@ -210,7 +211,8 @@ def open_log(log_path: Path) -> int:
         statefile.ensure_dir(log_path.parent)
         # The child writes to the file itself: its output does not go through the agent, and
         # nothing is lost while the agent restarts.
-        return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+        return lockedio.open_fd(str(log_path), flags, 0o600)
     except OSError as e:
         # No space or inodes left under --root-dir, a read-only file system: the container
         # cannot be created (its waiting reason), not a failure of the runtime.
@@ -344,12 +346,10 @@ def _check_mount(m: Mount) -> None:
 def _memfd(name: str, data: dict[str, Any]) -> int:
     """A close-on-exec memfd holding `data` for the launcher (`marshal`'s format: the launcher
     runs this interpreter, and reads it without importing json), at offset 0."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    fd = lockedio.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        raw = marshal.dumps(data)
-        while raw:
-            raw = raw[os.write(fd, raw) :]
-        os.lseek(fd, 0, os.SEEK_SET)
+        lockedio.write_all(fd, marshal.dumps(data), name)
+        lockedio.lseek(fd, 0, os.SEEK_SET, name)
     except BaseException:
         os.close(fd)
         raise
@@ -373,7 +373,7 @@ def _clone_trees(launch: dict[str, Any]) -> list[int]:
         for m in mounts:
             source, target = m["source"], m["target"]
             try:
-                trees.append(clone_tree(source))
+                trees.append(clone_tree(source, lockedio.c_library()))
             except OSError as e:
                 why = f"{source} is missing" if e.errno == errno.ENOENT else e.strerror
                 message = f"cannot mount {source} at {target}: {why}"
@@ -414,7 +414,7 @@ def _start_launcher(
             config_fd = _memfd("pykubelet-launch", launch)
         except OSError as e:
             raise RuntimeFailure(f"cannot pass the launcher its instructions: {e}") from e
-        err_r, err_w = os.pipe()
+        err_r, err_w = lockedio.pipe()
         try:
             try:
                 if server is None:
@@ -438,11 +438,11 @@ def _start_launcher(
             os.close(err_r)
             raise
         finally:
-            os.close(config_fd)
-            os.close(err_w)
+            lockedio.close_fd(config_fd, "the launcher's instructions")
+            lockedio.close_fd(err_w, "the launcher's error pipe")
     finally:
         for fd in trees:
-            os.close(fd)
+            lockedio.close_fd(fd, "a mount tree")
     return pid, pidfd, start_time, err_r
 
 
@@ -465,12 +465,12 @@ def _start_served(
         elif stdio.stdin is not None:
             stdin = stdio.stdin
         else:
-            stdin = null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            stdin = null_fd = lockedio.open_fd(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         pid = server.launch(config_fd, stdin, out, err_w, trees)
     finally:
-        os.close(log_fd)
+        lockedio.close_fd(log_fd, str(log_path))
         if null_fd is not None:
-            os.close(null_fd)
+            lockedio.close_fd(null_fd, os.devnull)
     return _watched(pid)
 
 
@@ -746,7 +746,7 @@ async def spawn_attached(
 def _open_pidfd(pid: int) -> int:
     """A pidfd on our child `pid`, not reaped yet; if that fails, the child is killed."""
     try:
-        return os.pidfd_open(pid)
+        return lockedio.pidfd_open(pid)
     except OSError as e:
         kill_group(pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):

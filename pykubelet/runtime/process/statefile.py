@@ -49,10 +49,11 @@ class StateFileError(Exception):
 
 
 def ensure_dir(path: Path) -> None:
-    """Create `path` and its missing parents with mode 0700 (existing ones are left alone)."""
+    """Create `path` with mode 0700 and its missing parents as os.makedirs does (existing ones
+    are left alone). Its calls keep the interpreter lock (common/lockedio.py)."""
     # mkdir's mode is filtered by the umask; 0700 survives any usual umask, and chmod-ing existing
     # directories (maybe the operator's --root-dir) is not ours to do.
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    lockedio.makedirs(str(path), DIR_MODE)
 
 
 def _fsync(path: str, flags: int = 0) -> None:
