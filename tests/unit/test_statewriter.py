@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.statewriter import StateWriter
 
 
@@ -139,35 +138,3 @@ async def test_a_file_found_maybe_unsynced_is_synced_by_the_next_durable_write(
     await writer.write(pod / "c.json", {"n": 1})
     assert fsyncs.paths == [f"{pod / 'c.json'} (new)", str(pod / "sandbox.json"), str(pod)]
     await asyncio.to_thread(writer.close)
-
-
-def test_a_large_batch_is_made_durable_by_one_sync_of_its_file_system(
-    tmp_path: Path, fsyncs: FsyncLog
-) -> None:
-    """SYNCFS_AT durable files or more: one syncfs instead of two fsyncs a file (their content
-    and their renames on the disk all the same); each file in place, its marker gone once it
-    is durable, a bad one failing alone."""
-    dirs = [tmp_path / f"pod{i}" for i in range(statefile.SYNCFS_AT + 4)]
-    items = []
-    for i, d in enumerate(dirs):
-        if i != 3:
-            d.mkdir()
-            (d / "c.starting").touch()
-        items.append(statefile.StateWrite(d / "c.json", {"n": i}, d / "c.starting"))
-    errors = statefile.write_json_many(items)
-    assert isinstance(errors[3], FileNotFoundError)
-    assert errors[:3] + errors[4:] == [None] * (len(dirs) - 1)
-    for i, d in enumerate(dirs):
-        if i != 3:
-            assert json.loads((d / "c.json").read_text()) == {"n": i}
-            assert sorted(p.name for p in d.iterdir()) == ["c.json"]
-    assert fsyncs.paths == []
-    # A batch below it syncs each file and its directory.
-    small = [statefile.StateWrite(d / "c.json", {"n": -1}) for d in dirs[:2]]
-    assert statefile.write_json_many(small) == [None, None]
-    assert fsyncs.paths == [
-        f"{dirs[0] / 'c.json'} (new)",
-        f"{dirs[1] / 'c.json'} (new)",
-        str(dirs[0]),
-        str(dirs[1]),
-    ]

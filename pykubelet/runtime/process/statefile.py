@@ -12,15 +12,6 @@ process runtime writes a sandbox record so: no process survives the machine, and
 its containers is recorded (durably, the sandbox record with it) a sandbox record lost with the
 machine loses nothing the pod needs.
 
-A batch of SYNCFS_AT durable files or more is made durable by one syncfs(2) of each file system
-it writes to, after every file is in place, instead of two fsyncs a file: the same guarantee
-(the files' content and their renames on the disk before `write_json_many` returns), in one call
-that lets the interpreter lock go, where each fsync let it go and waited to have it back from
-the event loop. Measured alone here, 200 new files in 200 directories: 122-160 ms with their
-fsyncs, 14-42 ms with one syncfs; in a burst of 1,000 API pods a container's record was durable
-in 130-140 ms (p50) against 200-266. A syncfs also writes whatever else is waiting on that file
-system, which is why a small batch keeps its own fsyncs.
-
 These functions block (fsync): call them from a thread (`asyncio.to_thread`) when latency matters.
 
 Open, write, close, rename and a pod directory's mkdir keep the interpreter lock
@@ -32,7 +23,6 @@ go.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import json
 import os
@@ -45,11 +35,6 @@ from pykubelet.common.lockedio import close_fd, open_fd, rename, write_all
 
 DIR_MODE = 0o700
 TMP_SUFFIX = ".tmp"
-SYNCFS_AT = 8  # durable files in one batch from which one syncfs replaces their fsyncs
-# CDLL: the call lets the interpreter lock go while the disk works.
-_syncfs = ctypes.CDLL(None, use_errno=True).syncfs
-_syncfs.argtypes = [ctypes.c_int]
-_syncfs.restype = ctypes.c_int
 _PID = os.getpid()
 _TMP_NUMBERS = itertools.count()  # next() on it is atomic under the GIL: safe across threads
 
@@ -110,11 +95,9 @@ def write_json_many(
     A file written with `durable=False` is in place when this returns (an agent that dies then
     finds it) and becomes durable with a later durable write into its directory that names it
     in `also_fsync`: its content is fsynced before that directory is (one missing by then is
-    skipped; one that cannot be fsynced fails that directory's items). With SYNCFS_AT durable
-    files or more, one syncfs of each file system written to does all of that (above)."""
+    skipped; one that cannot be fsynced fails that directory's items)."""
     errors: list[OSError | None] = [None] * len(items)
     dirs: dict[str, list[int]] = {}
-    whole = sum(1 for item in items if item.durable) >= SYNCFS_AT
     for i, item in enumerate(items):
         directory, name = os.path.split(item.path)
         try:
@@ -127,15 +110,12 @@ def write_json_many(
                     pass
                 except FileNotFoundError:
                     ensure_dir(Path(directory))
-            _replace(directory, name, data, item.durable and not whole)
+            _replace(directory, name, data, item.durable)
         except OSError as e:
             errors[i] = e
             continue
         if item.durable:
             dirs.setdefault(directory, []).append(i)
-    if whole:
-        _sync_file_systems(dirs, errors)
-        dirs = {}  # synced: the unsynced files beside them too (the same file systems)
     for path in also_fsync:
         indexes = dirs.get(str(path.parent))
         if indexes is None:
@@ -161,31 +141,6 @@ def write_json_many(
             with contextlib.suppress(OSError):
                 remove(item.then_remove)
     return errors
-
-
-def _sync_file_systems(dirs: dict[str, list[int]], errors: list[OSError | None]) -> None:
-    """One syncfs for each file system among `dirs`; its failure is its items' error."""
-    by_device: dict[int, tuple[str, list[int]]] = {}
-    for directory, indexes in dirs.items():
-        try:
-            device = lockedio.stat(directory).st_dev
-        except OSError as e:
-            for i in indexes:
-                errors[i] = e
-            continue
-        by_device.setdefault(device, (directory, []))[1].extend(indexes)
-    for directory, indexes in by_device.values():
-        try:
-            fd = open_fd(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                if _syncfs(fd) != 0:
-                    err = ctypes.get_errno()
-                    raise OSError(err, os.strerror(err), directory)
-            finally:
-                close_fd(fd, directory)
-        except OSError as e:
-            for i in indexes:
-                errors[i] = e
 
 
 def _replace(directory: str, name: str, data: Any, sync: bool = True) -> None:

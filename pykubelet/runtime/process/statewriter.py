@@ -1,6 +1,5 @@
 """State files written in batches: the writes that arrive while one batch is on disk go
-together in the next, in one thread hop and with one directory fsync per directory (a large
-batch: one syncfs per file system, statefile.py).
+together in the next, in one thread hop and with one directory fsync per directory.
 
 A burst of 100 container starts otherwise queues 100 writes (each two fsyncs and a thread hop)
 on the default executor, ahead of every other blocking call of the agent. Each write keeps the
