@@ -513,7 +513,7 @@ class VolumeManager:
             return  # mounted already (also by an agent before this one)
         if not self._root:
             raise VolumeError("a memory-backed volume needs root: pykubelet mounts a tmpfs")
-        lockedio.makedirs(str(path), 0o777)
+        path.mkdir(parents=True, exist_ok=True)  # on the disk: a new inode lets the lock go
         options = f"mode={mode:o}" + (f",size={size}" if size is not None else "")
         _mount(b"tmpfs", str(path).encode(), b"tmpfs", options.encode())
 

@@ -26,8 +26,6 @@ import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from pykubelet.common import lockedio
-
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/dev/termination-log"  # the API server's default (SetDefaults_Container)
@@ -54,16 +52,13 @@ def create_message_file(pod_dir: Path, container: str) -> str | None:
     try:
         # The pod's directory is private (0700 elsewhere in --root-dir); this one is the
         # kubelet's 0750, the file 0666 so that a container of any user can write it.
-        # The calls keep the interpreter lock (common/lockedio.py): a start's thread hop then
-        # waits for the event loop once, not after each of them.
-        lockedio.makedirs(str(pod_dir), 0o700)
-        lockedio.makedirs(str(directory), 0o750)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
-        fd = lockedio.open_fd(str(path), flags, 0o600)
+        os.makedirs(pod_dir, 0o700, exist_ok=True)
+        os.makedirs(directory, 0o750, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
         try:
-            lockedio.fchmod(fd, 0o666, str(path))
+            os.fchmod(fd, 0o666)
         finally:
-            lockedio.close_fd(fd, str(path))
+            os.close(fd)
     except OSError as e:
         log.error("error on creating termination-log file %s: %s", path, e.strerror or e)
         return None

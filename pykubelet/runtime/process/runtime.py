@@ -998,14 +998,14 @@ def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> in
     # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
     # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,
     # each new inode is a scan past the recently freed ones: a burst's largest kernel cost).
-    # Its calls keep the interpreter lock (common/lockedio.py), as the start's that follow.
+    # `os`, letting the interpreter lock go: a new inode on a disk takes long enough that
+    # keeping the lock through it stalls the loop (bench/HISTORY.md, sessions 15 and 21).
     try:
-        lockedio.link(str(marker.with_name(SANDBOX_FILE)), str(marker))
+        os.link(marker.with_name(SANDBOX_FILE), marker)
     except FileExistsError:
         pass
     except OSError:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
-        lockedio.close_fd(lockedio.open_fd(str(marker), flags, 0o600), str(marker))
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
     try:
         statefile.ensure_dir(log_path.parent)
         return open_log(log_path) if with_log and lockedio.is_dir(cwd) else None

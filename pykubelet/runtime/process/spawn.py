@@ -211,8 +211,7 @@ def open_log(log_path: Path) -> int:
         statefile.ensure_dir(log_path.parent)
         # The child writes to the file itself: its output does not go through the agent, and
         # nothing is lost while the agent restarts.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        return lockedio.open_fd(str(log_path), flags, 0o600)
+        return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     except OSError as e:
         # No space or inodes left under --root-dir, a read-only file system: the container
         # cannot be created (its waiting reason), not a failure of the runtime.

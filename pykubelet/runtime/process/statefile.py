@@ -49,11 +49,10 @@ class StateFileError(Exception):
 
 
 def ensure_dir(path: Path) -> None:
-    """Create `path` with mode 0700 and its missing parents as os.makedirs does (existing ones
-    are left alone). Its calls keep the interpreter lock (common/lockedio.py)."""
+    """Create `path` and its missing parents with mode 0700 (existing ones are left alone)."""
     # mkdir's mode is filtered by the umask; 0700 survives any usual umask, and chmod-ing existing
     # directories (maybe the operator's --root-dir) is not ours to do.
-    lockedio.makedirs(str(path), DIR_MODE)
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
 
 
 def _fsync(path: str, flags: int = 0) -> None:
