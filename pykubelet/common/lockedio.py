@@ -7,10 +7,12 @@ fsync, close, rename, and the directory's open, fsync, close) then spends most o
 waiting. Measured with another thread running Python: 43 ms a state file, 0.19 ms without.
 The calls here keep the lock, through the C library (ctypes.PyDLL): use them for what takes
 microseconds on a local file system (open, a small file's write, close, rename, mkdir, stat, a
-small file's read, chmod, symlink, readlink, unlink, link, a pipe, a memfd, a pidfd), and `os`
+small file's read, chmod, symlink, readlink, unlink, a pipe, a memfd, a pidfd), and `os`
 for what may wait for a disk (fsync) or for another process (a socket's answer). In a burst of
 100 manifests the file source's reads (stat, then open, read, close) took 0.5 ms a file through
-`os`, waiting for the loop, and the first pods' syncs waited for the last manifests.
+`os`, waiting for the loop, and the first pods' syncs waited for the last manifests. A new
+inode on a disk (a create, a mkdir) may take long enough that the loop, waiting for the lock
+meanwhile, stalls: a container's start makes its files through `os` (bench/HISTORY.md).
 
 They raise OSError (its subclass by errno, as `os` does) naming the path. Linux only.
 """
@@ -22,67 +24,42 @@ import errno
 import os
 import struct
 from stat import S_ISDIR, S_ISLNK
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # PyDLL, unlike CDLL, keeps the interpreter lock through the call.
 _LIBC = ctypes.PyDLL(None, use_errno=True)
-_open = _LIBC.open  # variadic (the mode): int arguments pass as fixed ones do on Linux
-_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint]
-_open.restype = ctypes.c_int
-_write = _LIBC.write
-_write.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-_write.restype = ctypes.c_ssize_t
-_close = _LIBC.close
-_close.argtypes = [ctypes.c_int]
-_close.restype = ctypes.c_int
-_rename = _LIBC.rename
-_rename.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-_rename.restype = ctypes.c_int
-_read = _LIBC.read
-_read.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t]
-_read.restype = ctypes.c_ssize_t
-_mkdir = _LIBC.mkdir
-_mkdir.argtypes = [ctypes.c_char_p, ctypes.c_uint]
-_mkdir.restype = ctypes.c_int
-_chmod = _LIBC.chmod
-_chmod.argtypes = [ctypes.c_char_p, ctypes.c_uint]
-_chmod.restype = ctypes.c_int
-_fchmod = _LIBC.fchmod
-_fchmod.argtypes = [ctypes.c_int, ctypes.c_uint]
-_fchmod.restype = ctypes.c_int
-_symlink = _LIBC.symlink
-_symlink.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-_symlink.restype = ctypes.c_int
-_readlink = _LIBC.readlink
-_readlink.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-_readlink.restype = ctypes.c_ssize_t
-_unlink = _LIBC.unlink
-_unlink.argtypes = [ctypes.c_char_p]
-_unlink.restype = ctypes.c_int
-_link = _LIBC.link
-_link.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-_link.restype = ctypes.c_int
-_lseek = _LIBC.lseek
-_lseek.argtypes = [ctypes.c_int, ctypes.c_long, ctypes.c_int]
-_lseek.restype = ctypes.c_long
-_pipe2 = _LIBC.pipe2
-_pipe2.argtypes = [ctypes.c_void_p, ctypes.c_int]
-_pipe2.restype = ctypes.c_int
+
+
+def _function(name: str, restype: Any, *argtypes: Any) -> Any:
+    """The C library's `name`, typed; None where this glibc has none."""
+    function = getattr(_LIBC, name, None)
+    if function is not None:
+        function.argtypes = list(argtypes)
+        function.restype = restype
+    return function
+
+
+_int, _str, _size = ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t
+# open is variadic (the mode): int arguments pass as fixed ones do on Linux.
+_open = _function("open", _int, _str, _int, ctypes.c_uint)
+_write = _function("write", ctypes.c_ssize_t, _int, _str, _size)
+_close = _function("close", _int, _int)
+_rename = _function("rename", _int, _str, _str)
+_read = _function("read", ctypes.c_ssize_t, _int, ctypes.c_void_p, _size)
+_mkdir = _function("mkdir", _int, _str, ctypes.c_uint)
+_chmod = _function("chmod", _int, _str, ctypes.c_uint)
+_fchmod = _function("fchmod", _int, _int, ctypes.c_uint)
+_symlink = _function("symlink", _int, _str, _str)
+_readlink = _function("readlink", ctypes.c_ssize_t, _str, _str, _size)
+_unlink = _function("unlink", _int, _str)
+_lseek = _function("lseek", ctypes.c_long, _int, ctypes.c_long, _int)
+_pipe2 = _function("pipe2", _int, ctypes.c_void_p, _int)
 # glibc 2.27 and 2.36; before them, os's (which lets the lock go) does.
-_memfd_create = getattr(_LIBC, "memfd_create", None)
-if _memfd_create is not None:
-    _memfd_create.argtypes = [ctypes.c_char_p, ctypes.c_uint]
-    _memfd_create.restype = ctypes.c_int
-_pidfd_open = getattr(_LIBC, "pidfd_open", None)
-if _pidfd_open is not None:
-    _pidfd_open.argtypes = [ctypes.c_int, ctypes.c_uint]
-    _pidfd_open.restype = ctypes.c_int
-_PATH_MAX = 4096
+_memfd_create = _function("memfd_create", _int, _str, ctypes.c_uint)
+_pidfd_open = _function("pidfd_open", _int, _int, ctypes.c_uint)
 # glibc 2.28 has statx; before it, os.stat (which lets the lock go) does.
-_statx = getattr(_LIBC, "statx", None)
-if _statx is not None:
-    _statx.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p]
-    _statx.restype = ctypes.c_int
+_statx = _function("statx", _int, _int, _str, _int, ctypes.c_uint, ctypes.c_void_p)
+_PATH_MAX = 4096
 _AT_FDCWD = -100
 _AT_SYMLINK_NOFOLLOW = 0x100
 _STATX_BASIC_STATS = 0x7FF
@@ -183,12 +160,6 @@ def readlink(path: str) -> str:
 
 def unlink(path: str) -> None:
     if _unlink(os.fsencode(path)) != 0:
-        raise _failed(path)
-
-
-def link(source: str, path: str) -> None:
-    """`path` made a hard link to `source`, as os.link(source, path)."""
-    if _link(os.fsencode(source), os.fsencode(path)) != 0:
         raise _failed(path)
 
 
