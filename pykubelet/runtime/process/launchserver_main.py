@@ -66,6 +66,7 @@ if not TYPE_CHECKING:
 PR_SET_PDEATHSIG = 1
 LAUNCH_CALLS = ("unshare", "mount", "umount2", "syscall", "prctl", "setns")
 SIGKILL = 9
+_ignores: int | None = None  # _inherited_ignores, read once
 LAUNCH_FDS = 4
 # Set when the server could not go back to its own namespace after a spawn (never seen): it
 # must not start the next container in that one's mounts, and exits after answering.
@@ -163,7 +164,9 @@ def _spawn_in_namespace(config: dict[str, Any], fds: list[int], home: int) -> in
         argv = [str(a) for a in config["argv"]]
         env = {str(k): str(v) for k, v in config["env"].items()}
         try:
-            pid = posixspawn.spawn_process(argv[0], argv, env, cwd, fds[1], fds[2])
+            pid = posixspawn.spawn_process(
+                argv[0], argv, env, cwd, fds[1], fds[2], keep_ignored=_inherited_ignores()
+            )
         except (OSError, ValueError) as e:
             raise launcher.exec_failed(e) from e
         return pid
@@ -171,6 +174,20 @@ def _spawn_in_namespace(config: dict[str, Any], fds: list[int], home: int) -> in
         # Its root and working directory with it.
         if launcher.c_library().setns(home, launcher.CLONE_NEWNS) != 0:
             _astray = True
+
+
+def _inherited_ignores() -> int:
+    """The signals this server was started with ignored (as /proc's SigIgn mask), less SIGPIPE
+    and SIGXFSZ, which Python ignores: what a forked launcher's exec keeps (`restore_signals`),
+    as Popen's child does, so a container spawned here keeps them too (nohup's SIGHUP)."""
+    global _ignores
+    if _ignores is None:
+        with open("/proc/self/status", "rb") as f:
+            line = next(line for line in f if line.startswith(b"SigIgn:"))
+        mask = int(line.split()[1], 16)
+        signals: Any = __import__("_signal")  # the builtin behind `signal` (which imports enum)
+        _ignores = mask & ~((1 << (signals.SIGPIPE - 1)) | (1 << (signals.SIGXFSZ - 1)))
+    return _ignores
 
 
 def _wait_status(pid: int) -> int | None:

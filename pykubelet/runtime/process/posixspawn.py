@@ -117,11 +117,18 @@ def resolve(program: str, path: str, cwd: str) -> str:
 
 
 def spawn_process(
-    program: str, argv: list[str], env: dict[str, str], cwd: str, stdin: int, output: int
+    program: str,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    stdin: int,
+    output: int,
+    keep_ignored: int = 0,
 ) -> int:
     """Start `program` with `argv` and exactly `env` in `cwd`, stdin from fd `stdin`, stdout
     and stderr to fd `output`; its pid. Blocks until it has exec'd: call it in a worker
-    thread, where the call lets the GIL go."""
+    thread, where the call lets the GIL go. `keep_ignored`: the signals (bit n-1 for signal n,
+    as /proc's SigIgn) left ignored if they are, rather than set to their defaults."""
     libc = _libc()
     if libc is None:
         raise OSError(errno.ENOSYS, "posix_spawn with closefrom and chdir is not available")
@@ -135,7 +142,7 @@ def spawn_process(
             stdin = moved[0]
         if output < 3:
             output = moved[-1]
-        return _spawn(libc, program, executable, args, variables, cwd, stdin, output)
+        return _spawn(libc, program, executable, args, variables, cwd, stdin, output, keep_ignored)
     finally:
         for fd in moved:
             os.close(fd)
@@ -150,13 +157,18 @@ def _spawn(
     cwd: str,
     stdin: int,
     output: int,
+    keep_ignored: int = 0,
 ) -> int:
     actions = ctypes.create_string_buffer(_ACTIONS_SIZE)
     attr = ctypes.create_string_buffer(_ATTR_SIZE)
     mask = ctypes.create_string_buffer(_SIGSET_SIZE)
-    # Every bit set: every signal back to its default. sigfillset would leave out glibc's own
-    # two (32 and 33), which the child then starts with ignored, unlike after a fork+exec.
-    defaults = ctypes.create_string_buffer(b"\xff" * _SIGSET_SIZE, _SIGSET_SIZE)
+    # Every bit set (but those kept): every signal back to its default. sigfillset would leave
+    # out glibc's own two (32 and 33), which the child then starts with ignored, unlike after a
+    # fork+exec. The first 64 signals are the first 8 bytes, little-endian (x86-64, arm64).
+    first = ((1 << 64) - 1) & ~keep_ignored
+    defaults = ctypes.create_string_buffer(
+        first.to_bytes(8, "little") + b"\xff" * (_SIGSET_SIZE - 8), _SIGSET_SIZE
+    )
     _check(libc.posix_spawn_file_actions_init(actions))
     try:
         _check(libc.posix_spawnattr_init(attr))
