@@ -173,3 +173,29 @@ def test_an_output_on_fd_0_reaches_the_command(
         os.dup2(saved, 0)
         os.close(saved)
     assert log.read_text() == "to the log\n"
+
+
+def test_the_signals_asked_for_stay_ignored_if_they_are(
+    stdio: tuple[int, int, Path], tmp_path: Path
+) -> None:
+    """keep_ignored (a launch server's: what the agent was started with ignored, nohup's
+    SIGHUP) leaves those ignored; every other signal is at its default, SIGPIPE too."""
+    null, out, _ = stdio
+    hup = 1 << (signal.SIGHUP - 1)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        pids = [
+            posixspawn.spawn_process(
+                "sleep", ["sleep", "30"], {"PATH": BASE_PATH}, str(tmp_path), null, out, keep
+            )
+            for keep in (hup, 0)
+        ]
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    try:
+        # SIGPIPE, which this process ignores too, is at its default in both.
+        assert [int(_status(pid, "SigIgn"), 16) for pid in pids] == [hup, 0]
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            assert _run(pid) == -signal.SIGKILL
