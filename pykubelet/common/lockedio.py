@@ -197,12 +197,6 @@ def pidfd_open(pid: int) -> int:
     return fd
 
 
-def c_library() -> ctypes.PyDLL:
-    """The C library, its calls keeping the lock, for a caller with calls of its own to make
-    so (launcher.clone_tree)."""
-    return _LIBC
-
-
 class Stat(NamedTuple):
     """What stat(2) tells of a path (links followed): the fields of os.stat_result used here,
     with the same values (a tuple: the file source's re-list makes one per manifest)."""

@@ -190,8 +190,8 @@ def _remount(libc: Any, path: str, flags: int, what: str, clear: int = 0) -> Non
     mount(libc, None, path, MS_BIND | MS_REMOUNT | flags | kept, what)
 
 
-def _open_tree(path: str, flags: int, libc: Any = None) -> int:
-    libc = libc or c_library()
+def _open_tree(path: str, flags: int) -> int:
+    libc = c_library()
     fd: int = libc.syscall(
         ctypes.c_long(SYS_OPEN_TREE),
         ctypes.c_int(AT_FDCWD),
@@ -213,12 +213,12 @@ def trees_supported() -> bool:
     return True
 
 
-def clone_tree(path: str, libc: Any = None) -> int:
+def clone_tree(path: str) -> int:
     """A detached copy of the mounts at `path` and below (what a recursive bind would mount,
     as this mount namespace sees them), to mount elsewhere with move_mount: its fd. OSError as
-    open(2) raises it. `libc`: the C library to call it through (lockedio's, which keeps the
-    interpreter lock), else this file's."""
-    return _open_tree(path, OPEN_TREE_CLONE | AT_RECURSIVE, libc)
+    open(2) raises it. It lets the interpreter lock go: the kernel's mount lock, which the
+    launch servers' namespaces take too, may keep it waiting."""
+    return _open_tree(path, OPEN_TREE_CLONE | AT_RECURSIVE)
 
 
 def _move_tree(libc: Any, tree: int, point_fd: int, what: str) -> None:

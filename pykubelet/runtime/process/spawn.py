@@ -372,7 +372,7 @@ def _clone_trees(launch: dict[str, Any]) -> list[int]:
         for m in mounts:
             source, target = m["source"], m["target"]
             try:
-                trees.append(clone_tree(source, lockedio.c_library()))
+                trees.append(clone_tree(source))
             except OSError as e:
                 why = f"{source} is missing" if e.errno == errno.ENOENT else e.strerror
                 message = f"cannot mount {source} at {target}: {why}"
