@@ -157,8 +157,9 @@ def launch_servers(agent_pids: set[int]) -> list[int]:
         except (OSError, ValueError):
             continue
         args = [a.decode(errors="replace") for a in argv]
-        script = [i for i, a in enumerate(args) if a.endswith("/launchserver_main.py")]
-        if script and args[script[0] + 2 : script[0] + 3] and args[script[0] + 2] in wanted:
+        i = next((i for i, a in enumerate(args) if a.endswith("/launchserver_main.py")), None)
+        # The script, then its socket's fd, then the agent's pid.
+        if i is not None and len(args) > i + 2 and args[i + 2] in wanted:
             found.append(int(entry))
     return found
 
