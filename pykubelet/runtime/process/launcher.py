@@ -5,10 +5,9 @@ it (cgroups, mounts, another user): plain containers are exec'd directly, since 
 Python start (or forked by a launch server, launchserver_main.py, which also follows these
 instructions itself for a container that asks for mounts alone). `-S` keeps site-packages out,
 so this file imports nothing but the standard library and never the pykubelet package. It runs
-as root with a
-fixed environment (PATH only): the container's own variables (LD_PRELOAD...) would reach the
-dynamic linker of a root process; they are in the instructions and only the exec'd command gets
-them.
+as root with a fixed environment (PATH only): the container's own variables (LD_PRELOAD...)
+would reach the dynamic linker of a root process; they are in the instructions and only the
+exec'd command gets them.
 
 CONFIG_FD holds the instructions in `marshal`'s format (a memfd, read once; the agent and the
 launcher are one interpreter, `sys.executable`, so the format is the same on both sides, and
@@ -522,6 +521,17 @@ def set_up_mounts(
             point.close()
 
 
+def set_up_mounts_of(config: dict[str, Any], trees: list[int] | None) -> None:
+    """`set_up_mounts` as the instructions ask (in the namespace the caller made)."""
+    set_up_mounts(
+        list(config.get("mounts") or []),
+        bool(config.get("read_only_root")),
+        config.get("pods_dir"),
+        trees,
+        bool(config.get("pods_detached")),
+    )
+
+
 def chdir(cwd: str) -> OSError | None:
     try:
         os.chdir(cwd)
@@ -645,13 +655,7 @@ def launch(config: dict[str, Any], error_fd: int | None, trees: list[int] | None
         )
     elif config.get("mounts") or config.get("read_only_root"):
         unshare()
-        set_up_mounts(
-            list(config.get("mounts") or []),
-            bool(config.get("read_only_root")),
-            config.get("pods_dir"),
-            trees,
-            bool(config.get("pods_detached")),
-        )
+        set_up_mounts_of(config, trees)
     cwd = str(config["cwd"])
     keep = config.get("capabilities")
     if keep is not None:
@@ -659,7 +663,7 @@ def launch(config: dict[str, Any], error_fd: int | None, trees: list[int] | None
         prctl("capabilities", "cannot keep capabilities", PR_SET_KEEPCAPS, 1)
     err = switch_user(config.get("uid"), config.get("gid"), config.get("groups"), cwd)
     if err is not None:
-        raise LaunchError("chdir", f"cannot enter {cwd}: {err.strerror}", err.errno)
+        raise chdir_failed(cwd, err)
     if keep is not None:
         set_capabilities([int(c) for c in keep], ambient=os.getuid() != 0)
     if config.get("no_new_privs"):
@@ -676,6 +680,10 @@ def launch(config: dict[str, Any], error_fd: int | None, trees: list[int] | None
         os.execvpe(argv[0], argv, env)
     except (OSError, ValueError) as e:
         raise exec_failed(e) from e
+
+
+def chdir_failed(cwd: str, e: OSError) -> LaunchError:
+    return LaunchError("chdir", f"cannot enter {cwd}: {e.strerror}", e.errno)
 
 
 def exec_failed(e: OSError | ValueError) -> LaunchError:

@@ -66,7 +66,6 @@ if not TYPE_CHECKING:
 PR_SET_PDEATHSIG = 1
 LAUNCH_CALLS = ("unshare", "mount", "umount2", "syscall", "prctl", "setns")
 SIGKILL = 9
-_ignores: int | None = None  # _inherited_ignores, read once
 LAUNCH_FDS = 4
 # Set when the server could not go back to its own namespace after a spawn (never seen): it
 # must not start the next container in that one's mounts, and exits after answering.
@@ -134,38 +133,33 @@ def spawnable(config: dict[str, Any]) -> bool:
     return not any(config.get(k) for k in taken) and all(config.get(k) is None for k in identity)
 
 
-def _spawned_launch(config: dict[str, Any], fds: list[int], home: int) -> int:
+def _spawned_launch(config: dict[str, Any], fds: list[int], home: int, ignores: int) -> int:
     """The container started by the server in a mount namespace of its own (above); its pid.
     A failure is written to the error pipe, and the pid is a child's that exits at once."""
     try:
-        return _spawn_in_namespace(config, fds, home)
+        return _spawn_in_namespace(config, fds, home, ignores)
     except Exception as e:
         os.write(fds[3], marshal.dumps(launcher.report_of(e)))
         return _fork_in_session(lambda: None)
 
 
-def _spawn_in_namespace(config: dict[str, Any], fds: list[int], home: int) -> int:
-    """Started as the agent starts a plain container (posixspawn.py: its signals, fds and exec
-    errors). The server is back in `home`, its own namespace, when this returns."""
+def _spawn_in_namespace(config: dict[str, Any], fds: list[int], home: int, ignores: int) -> int:
+    """Started as the agent starts a plain container (posixspawn.py: its fds and exec errors),
+    the signals in `ignores` left ignored. The server is back in `home`, its own namespace,
+    when this returns."""
     global _astray
     launcher.unshare()
     try:
-        launcher.set_up_mounts(
-            list(config.get("mounts") or []),
-            bool(config.get("read_only_root")),
-            config.get("pods_dir"),
-            fds[LAUNCH_FDS:],
-            bool(config.get("pods_detached")),
-        )
+        launcher.set_up_mounts_of(config, fds[LAUNCH_FDS:])
         cwd = str(config["cwd"])
         err = launcher.chdir(cwd)  # entered here, in the container's mounts, as a launcher would
         if err is not None:
-            raise launcher.LaunchError("chdir", f"cannot enter {cwd}: {err.strerror}", err.errno)
+            raise launcher.chdir_failed(cwd, err)
         argv = [str(a) for a in config["argv"]]
         env = {str(k): str(v) for k, v in config["env"].items()}
         try:
             pid = posixspawn.spawn_process(
-                argv[0], argv, env, cwd, fds[1], fds[2], keep_ignored=_inherited_ignores()
+                argv[0], argv, env, cwd, fds[1], fds[2], keep_ignored=ignores
             )
         except (OSError, ValueError) as e:
             raise launcher.exec_failed(e) from e
@@ -180,14 +174,12 @@ def _inherited_ignores() -> int:
     """The signals this server was started with ignored (as /proc's SigIgn mask), less SIGPIPE
     and SIGXFSZ, which Python ignores: what a forked launcher's exec keeps (`restore_signals`),
     as Popen's child does, so a container spawned here keeps them too (nohup's SIGHUP)."""
-    global _ignores
-    if _ignores is None:
-        with open("/proc/self/status", "rb") as f:
-            line = next(line for line in f if line.startswith(b"SigIgn:"))
-        mask = int(line.split()[1], 16)
-        signals: Any = __import__("_signal")  # the builtin behind `signal` (which imports enum)
-        _ignores = mask & ~((1 << (signals.SIGPIPE - 1)) | (1 << (signals.SIGXFSZ - 1)))
-    return _ignores
+    with open("/proc/self/status", "rb") as f:
+        line = next(line for line in f if line.startswith(b"SigIgn:"))
+    mask = int(line.split()[1], 16)
+    signals: Any = __import__("_signal")  # the builtin behind `signal` (which imports enum)
+    python_ignores: int = (1 << (signals.SIGPIPE - 1)) | (1 << (signals.SIGXFSZ - 1))
+    return mask & ~python_ignores
 
 
 def _wait_status(pid: int) -> int | None:
@@ -210,6 +202,7 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
     for name in LAUNCH_CALLS:
         getattr(libc, name)  # looked up once here, not in every launcher
     spawnable_here = posixspawn.available()
+    ignores = _inherited_ignores()  # as the server was started: read once
     while True:
         data, fds, _, _ = socket.recv_fds(server, 4096, LAUNCH_FDS + launcher.MAX_TREES)
         if not data:
@@ -225,7 +218,7 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
                 config = marshal.loads(launcher.read_all(fds[0], close=False))
                 config["pods_detached"] = pods_detached
                 if spawnable_here and spawnable(config):
-                    reply = ("launched", _spawned_launch(config, fds, home))
+                    reply = ("launched", _spawned_launch(config, fds, home, ignores))
                 else:
                     reply = ("launched", _forked_launch(config, fds, socket_fd))
             elif request[0] == "reap":
