@@ -1,7 +1,15 @@
 # pykubelet: `make run` starts the example pods, `make test` runs every check.
 # Both create .venv themselves on a fresh Debian 12 machine with Python 3.11.
 
-PYTHON ?= python3
+# The virtualenvs' interpreter: the distribution's python3 when it is 3.11 or newer, else python3
+# on PATH. Debian builds its own with PGO and LTO and links it statically; a build without them
+# (pyenv's default) ran the agent's bursts of 1,000 pods 15 % slower (bench/HISTORY.md, session
+# 22). PYTHON=... chooses another; `make clean` first, since .venv keeps the one it was made with.
+SYSTEM_PYTHON := /usr/bin/python3
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(shell $(SYSTEM_PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	2>/dev/null && echo $(SYSTEM_PYTHON) || echo python3)
+endif
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

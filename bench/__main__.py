@@ -59,6 +59,9 @@ def machine() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "cpu_model": model,
         "python": platform.python_version(),
+        # Which build: /usr is the distribution's (Debian's: PGO and LTO, linked statically),
+        # a pyenv prefix an unoptimized one of its own (bench/HISTORY.md, session 22).
+        "python_prefix": sys.base_prefix,
         "kernel": platform.release(),
         "date": time.strftime("%Y-%m-%d"),
     }
