@@ -61,7 +61,7 @@ class FinalDeletes:
         self._background: set[asyncio.Task[None]] = set()
 
     async def on_terminated(self, uid: str, pod: Pod | None) -> None:
-        if uid in self._source.deleting() and uid not in self._deleted:
+        if uid not in self._deleted and self._source.deleting_object(uid) is not None:
             task = asyncio.create_task(self._final_delete(uid), name=f"final-delete-{uid[:8]}")
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -73,7 +73,7 @@ class FinalDeletes:
 
     async def _final_delete(self, uid: str) -> None:
         api = self._connection.api
-        obj = self._source.deleting().get(uid)
+        obj = self._source.deleting_object(uid)
         if api is None or obj is None or uid in self._deleted:
             return
         # Its last status first (containers terminated), as the kubelet's status manager does.

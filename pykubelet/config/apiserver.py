@@ -197,6 +197,12 @@ class ApiSource:
             if not is_mirror(obj) and _meta(obj).get("deletionTimestamp")
         }
 
+    def deleting_object(self, uid: str) -> Obj | None:
+        """The API's latest object of one pod of `deleting()`, else None, looked up alone: 1,000
+        pods deleted at once, each building all of `deleting()` twice, took 0.5 s of the loop."""
+        obj = self.api_object(uid)
+        return obj if obj is not None and _meta(obj).get("deletionTimestamp") else None
+
     def has_pod(self, key: tuple[str, str]) -> bool:
         """Whether a non-mirror pod `(namespace, name)` bound to us exists."""
         for obj in self._reflector.objects.values():

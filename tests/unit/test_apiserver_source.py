@@ -125,16 +125,21 @@ async def test_deletion_is_passed_on_and_never_run_pods_are_held_back(
         await asyncio.wait_for(source.synced.wait(), 10)
         # First seen while being deleted: nothing to run, only the final delete is left.
         assert pushed.names() == []
-        assert list(source.deleting()) == [created["metadata"]["uid"]]
+        doomed = created["metadata"]["uid"]
+        assert list(source.deleting()) == [doomed]
+        assert source.deleting_object(doomed) == source.deleting()[doomed]
         # A pod that was pushed gets its deletionTimestamp through (the merger makes a DELETE).
-        await create(server, pod("live"))
+        live = (await create(server, pod("live")))["metadata"]["uid"]
         await eventually("live", lambda: pushed.names() == ["live"])
+        assert source.deleting_object(live) is None  # not being deleted
         await asyncio.to_thread(server.delete, "pods", "live", "default", 5)
         last = await eventually(
             "live being deleted",
             lambda: (p := pushed.updates[-1].pods) and p[0].metadata.deletion_timestamp and p,
         )
         assert last[0].metadata.deletion_grace_period_seconds == 5
+        assert source.deleting_object(live) == source.deleting()[live]
+        assert source.deleting_object("no-such-uid") is None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
