@@ -7,12 +7,12 @@ still runs. Each attempt's output goes to a plain log file the process writes it
     <root>/runtime/process/<pod uid>/logs/<container name>/<attempt>.log
 
 There is no isolation: processes share the host's network, filesystem and users. The image is only
-recorded; the command comes from the pod spec. Containers that need cgroups, mounts or another
-user are started through the launcher (spawn.py, launcher.py); limits are cgroups (cgroups.py).
-A command run in a container (exec probes and hooks, `kubectl exec` with its stdio attached:
-execstream.py) sees the machine as the container's main process does, and dies with it. A
-container with `stdin` or `tty` gets a pipe or a terminal the agent keeps for `kubectl attach`
-(attach.py).
+recorded; the command comes from the pod spec. Each container's process is started by the route
+it needs (starts.py): the launcher for cgroups, mounts or another user (spawn.py, launcher.py);
+limits are cgroups (cgroups.py). A command run in a container (exec probes and hooks, `kubectl
+exec` with its stdio attached: execstream.py) sees the machine as the container's main process
+does, and dies with it. A container with `stdin` or `tty` gets a pipe or a terminal the agent
+keeps for `kubectl attach` (attach.py).
 
 This module is the `ProcessRuntime` class: the Runtime protocol over those pieces, the locking
 that orders starts, stops and removals of a pod, and the handling of exits. Exits are watched with
@@ -37,12 +37,10 @@ import threading
 from collections.abc import AsyncGenerator, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from pykubelet import __version__
 from pykubelet.api.model import Pod
-from pykubelet.api.qos import qos_class
-from pykubelet.common import lockedio
 from pykubelet.common.ids import random_hex
 from pykubelet.runtime import logrotation
 from pykubelet.runtime.base import (
@@ -67,7 +65,7 @@ from pykubelet.runtime.base import (
 )
 from pykubelet.runtime.process import records, statefile
 from pykubelet.runtime.process.attach import ContainerStdio, ProcessAttachStream
-from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgroup, Settings
+from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgroup
 from pykubelet.runtime.process.execplan import check_running, exec_plan
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
@@ -95,20 +93,13 @@ from pykubelet.runtime.process.security import check_container, check_pod
 from pykubelet.runtime.process.spawn import (
     LAUNCHER_ENV,
     ExecPlan,
-    Stdio,
     container_env,
     exec_launched,
     launch_config,
-    open_log,
     os_reason,
     reap_exited,
-    settle,
-    spawn,
-    spawn_launched,
-    spawn_prepared,
-    spawns_unlocked,
-    state_write_error,
 )
+from pykubelet.runtime.process.starts import ContainerStarts
 from pykubelet.runtime.process.statewriter import StateWriter
 from pykubelet.runtime.process.termination import exit_message, message_bind, own_file
 
@@ -175,6 +166,7 @@ class ProcessRuntime:
         self._state = StateWriter()
         # Forks the launchers of the containers that need one (launchserver.py).
         self._launcher = LaunchServer(dict(LAUNCHER_ENV), pods_dir=str(self._volumes_dir))
+        self._starts = ContainerStarts(self._cgroups, self._launcher, self._volumes_dir)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -518,21 +510,16 @@ class ProcessRuntime:
         created_at = _now()
         container_id = random_hex()
         env[ID_VARIABLE] = container_id
-        settings = self._cgroup_settings(config)
+        settings = self._starts.cgroup_settings(config)
         config, message_file = message_bind(config, pod.uid)
         launch = launch_config(config, argv, cwd, env, settings is not None)
         # Written before the fork, removed once the state file is: an agent killed in between
         # finds the marker at its next start and kills the process by its ID, which would
         # otherwise run on, unknown (found by the SIGKILL churn soak).
         starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
-        if launch is None and not (config.stdin or config.tty) and spawns_unlocked():
-            spawned = await self._spawn_plain(starting, log_path, argv, cwd, env)
-        elif launch is not None and settings is None and not (config.stdin or config.tty):
-            spawned = await self._spawn_launched(starting, log_path, launch, cwd)
-        else:
-            spawned = await self._spawn_with(
-                pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
-            )
+        spawned = await self._starts.start(
+            pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
+        )
         pid = spawned.pid
         rec = ContainerRecord(
             id=container_id,
@@ -573,149 +560,6 @@ class ProcessRuntime:
             ) from e
         self._notify(pod.uid)
         return started
-
-    async def _spawn_plain(
-        self, starting: Path, log_path: Path, argv: list[str], cwd: str, env: dict[str, str]
-    ) -> _Spawned:
-        """The common start: no launcher, no stdin, no terminal. The marker, the log's
-        directory and file, the fork+exec and the pidfd in one thread hop, the fork+exec
-        without the GIL (spawn_prepared). Its start time is read with the state file."""
-        prepare = functools.partial(_prepare_start, starting, log_path, True, cwd)
-        try:
-            pid, pidfd = await spawn_prepared(prepare, argv, cwd, env, log_path)
-        except BaseException as e:
-            await asyncio.to_thread(statefile.remove, starting)
-            if isinstance(e, OSError):
-                raise state_write_error(e) from e
-            raise
-        return _Spawned(pid, pidfd, 0, False, None)
-
-    async def _spawn_launched(
-        self, starting: Path, log_path: Path, launch: dict[str, Any], cwd: str
-    ) -> _Spawned:
-        """A start through the launcher without cgroups of its own, stdin or terminal (a pod
-        with volumes, say): the marker and the log's directory made in the launch's own thread
-        hop, before the fork (each hop is a wake of a thread and then of the loop)."""
-        launch["pods_dir"] = str(self._volumes_dir)
-        launch["cgroups"] = []
-        prepare = functools.partial(_prepare_start, starting, log_path, False, cwd)
-        try:
-            pid, pidfd, start_time = await spawn_launched(
-                launch, log_path, None, self._launcher, prepare
-            )
-        except BaseException:
-            await asyncio.to_thread(statefile.remove, starting)
-            raise
-        return _Spawned(pid, pidfd, start_time, False, None)
-
-    async def _spawn_with(
-        self,
-        pod: Pod,
-        config: ContainerConfig,
-        container_id: str,
-        settings: Settings | None,
-        launch: dict[str, Any] | None,
-        starting: Path,
-        log_path: Path,
-        argv: list[str],
-        cwd: str,
-        env: dict[str, str],
-    ) -> _Spawned:
-        """A start through the launcher, or with the container's stdin or terminal: the
-        marker and the log's directory in a thread hop, then the cgroups, the stdio and the
-        fork+exec (its /proc start time 0 when it is read with the state file)."""
-        try:
-            # The log's directory too, and the log file of a process spawned here: one thread
-            # hop, and no new inode on the loop in spawn.
-            prepared = asyncio.ensure_future(
-                asyncio.to_thread(_prepare_start, starting, log_path, launch is None, cwd)
-            )
-            try:
-                log_fd = await asyncio.shield(prepared)
-            except asyncio.CancelledError:
-                # A kill cancelled the sync: the hop is let finish before the pod's lock goes,
-                # as the other starts' are, then its log file is closed and its marker removed.
-                await settle(prepared)
-                _close_opened(prepared)
-                await settle(asyncio.ensure_future(asyncio.to_thread(statefile.remove, starting)))
-                raise
-        except OSError as e:
-            raise state_write_error(e) from e
-        if launch is not None:
-            launch["pods_dir"] = str(self._volumes_dir)
-        procs: list[str] = []
-        if settings is not None:
-            try:
-                procs = await asyncio.to_thread(
-                    self._cgroups.create, pod.uid, container_id, settings, qos_class(pod)
-                )
-            except OSError as e:
-                if log_fd is not None:
-                    os.close(log_fd)
-                raise StartError(
-                    "RunContainerError",
-                    f"cannot create the cgroups of container {config.name}: {e}",
-                ) from e
-        stdio: ContainerStdio | None = None
-        child: list[int] = []  # the child's ends of its stdin or terminal, closed once started
-        try:
-            spawn_stdio = None
-            if config.stdin or config.tty:
-                try:
-                    stdio, child_in, terminal = ContainerStdio.create(
-                        stdin=config.stdin,
-                        stdin_once=config.stdin_once,
-                        tty=config.tty,
-                        log_path=log_path,
-                    )
-                except OSError as e:
-                    raise RuntimeFailure(
-                        f"cannot make the stdin of container {config.name}: {e}"
-                    ) from e
-                child.append(child_in)
-                spawn_stdio = Stdio(stdin=child_in, terminal=terminal)
-            if launch is None:
-                # The start time is read in the state files' thread: right after the fork the
-                # read waits for the child's exec (9 % of the loop in a burst of 1,000).
-                # spawn closes the log file, whatever becomes of the start.
-                fd, log_fd = log_fd, None
-                pid, pidfd, start_time = spawn(
-                    argv, cwd, env, log_path, stdio=spawn_stdio, start_time=False, log_fd=fd
-                )
-            else:
-                launch["cgroups"] = procs
-                pid, pidfd, start_time = await spawn_launched(
-                    launch, log_path, spawn_stdio, self._launcher
-                )
-        except BaseException:
-            if log_fd is not None:
-                os.close(log_fd)
-            if stdio is not None:
-                await stdio.close()
-            if procs:
-                await self._remove_cgroups(pod.uid, container_id)
-            await asyncio.to_thread(statefile.remove, starting)
-            raise
-        finally:
-            for fd in child:
-                os.close(fd)
-        return _Spawned(pid, pidfd, start_time, bool(procs), stdio)
-
-    def _cgroup_settings(self, config: ContainerConfig) -> Settings | None:
-        """The container's cgroup limits, or None if it needs none or cgroups are unusable."""
-        if not self._cgroups.wanted(config.limits, config.requests):
-            return None
-        try:
-            settings = Settings.of(config.limits, config.requests)
-        except ValueError as e:
-            raise StartError("CreateContainerConfigError", f"resources: {e}") from e
-        return settings if self._cgroups.warn_once() else None
-
-    async def _remove_cgroups(self, uid: str, container_id: str) -> None:
-        try:
-            await asyncio.to_thread(self._cgroups.remove, uid, container_id)
-        except OSError as e:
-            log.error("cannot remove the cgroups of container %s: %s", container_id, e)
 
     async def stop_container(self, container: RuntimeContainer, grace_seconds: float) -> None:
         rec = self._find(container)
@@ -980,44 +824,6 @@ class ProcessRuntime:
         # Strings, not Paths: the stats sample asks for every container's (1,000 Path
         # conversions were a tenth of an idle node's CPU).
         return os.path.join(self._dir, uid, "logs", name)
-
-
-class _Spawned(NamedTuple):
-    pid: int
-    pidfd: int
-    start_time: int  # /proc start time, 0 if not read yet
-    cgroup: bool  # in cgroups of its own
-    stdio: ContainerStdio | None  # its stdin or terminal, served by the agent
-
-
-def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> int | None:
-    """The start marker and the log's directory made; `with_log`: the log file opened for
-    spawn too (None if it cannot be, or the working directory is missing: spawn tries again
-    and says why, naming the file or the directory)."""
-    # No fsync: it guards against the agent dying, not the machine (whose processes die too).
-    # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
-    # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,
-    # each new inode is a scan past the recently freed ones: a burst's largest kernel cost).
-    # `os`, letting the interpreter lock go: a new inode on a disk takes long enough that
-    # keeping the lock through it stalls the loop (bench/HISTORY.md, sessions 15 and 21).
-    try:
-        os.link(marker.with_name(SANDBOX_FILE), marker)
-    except FileExistsError:
-        pass
-    except OSError:
-        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-    try:
-        statefile.ensure_dir(log_path.parent)
-        return open_log(log_path) if with_log and lockedio.is_dir(cwd) else None
-    except (OSError, StartError):
-        return None  # spawn tries again and says why, naming the log file
-
-
-def _close_opened(done: asyncio.Future[int | None]) -> None:
-    if not done.cancelled() and done.exception() is None:
-        fd = done.result()
-        if fd is not None:
-            os.close(fd)
 
 
 def _remove_files(*paths: Path) -> None:

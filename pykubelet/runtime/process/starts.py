@@ -1,0 +1,264 @@
+"""A container's process started, by the route its configuration needs (the process runtime's
+`start_container` records it).
+
+- plain (no launcher, stdin or terminal): the start marker, the log's directory and file, the
+  fork+exec (posix_spawn without the interpreter lock) and the pidfd in one thread hop;
+- through the launch server, without cgroups of its own, stdin or terminal (a pod with volumes):
+  the marker and the log's directory in the launch's own thread hop, before the fork;
+- with cgroups, stdin or a terminal: the marker and the log's directory in a thread hop, then the
+  cgroups, the stdio and the fork+exec (through the launcher, or on the loop).
+
+What this module promises: `ContainerStarts.start` returns a started process (its pid, pidfd,
+/proc start time when read, cgroups, stdio), or raises having left nothing of the start behind
+(its marker, log fd, cgroups and stdio removed or closed), cancelled by a kill too: a thread hop
+under way is let finish first. The marker (`<container id>.starting`) stays on success: the
+caller removes it once the container's state file is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from pykubelet.api.model import Pod
+from pykubelet.api.qos import qos_class
+from pykubelet.common import lockedio
+from pykubelet.runtime.base import ContainerConfig, RuntimeFailure, StartError
+from pykubelet.runtime.process import statefile
+from pykubelet.runtime.process.attach import ContainerStdio
+from pykubelet.runtime.process.cgroups import Cgroups, Settings
+from pykubelet.runtime.process.launchserver import LaunchServer
+from pykubelet.runtime.process.records import SANDBOX_FILE
+from pykubelet.runtime.process.spawn import (
+    Stdio,
+    open_log,
+    settle,
+    spawn,
+    spawn_launched,
+    spawn_prepared,
+    spawns_unlocked,
+    state_write_error,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Spawned(NamedTuple):
+    """A container's process, started."""
+
+    pid: int
+    pidfd: int
+    start_time: int  # /proc start time, 0 if not read yet
+    cgroup: bool  # in cgroups of its own
+    stdio: ContainerStdio | None  # its stdin or terminal, served by the agent
+
+
+def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> int | None:
+    """The start marker and the log's directory made; `with_log`: the log file opened for
+    spawn too (None if it cannot be, or the working directory is missing: spawn tries again
+    and says why, naming the file or the directory)."""
+    # No fsync: it guards against the agent dying, not the machine (whose processes die too).
+    # Only the marker's name is ever read: a hard link to the pod's sandbox record makes it
+    # without a new inode, and dropping it frees none (on an ext4 without a journal, as here,
+    # each new inode is a scan past the recently freed ones: a burst's largest kernel cost).
+    # `os`, letting the interpreter lock go: a new inode on a disk takes long enough that
+    # keeping the lock through it stalls the loop (bench/HISTORY.md, sessions 15 and 21).
+    try:
+        os.link(marker.with_name(SANDBOX_FILE), marker)
+    except FileExistsError:
+        pass
+    except OSError:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    try:
+        statefile.ensure_dir(log_path.parent)
+        return open_log(log_path) if with_log and lockedio.is_dir(cwd) else None
+    except (OSError, StartError):
+        return None  # spawn tries again and says why, naming the log file
+
+
+def _close_opened(done: asyncio.Future[int | None]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        fd = done.result()
+        if fd is not None:
+            os.close(fd)
+
+
+class ContainerStarts:
+    """Starts containers' processes with the runtime's cgroups and launch server; pods' volumes
+    are mounted under `volumes_dir`, which launched containers' namespaces leave out."""
+
+    def __init__(self, cgroups: Cgroups, launcher: LaunchServer, volumes_dir: Path) -> None:
+        self._cgroups = cgroups
+        self._launcher = launcher
+        self._volumes_dir = volumes_dir
+
+    def cgroup_settings(self, config: ContainerConfig) -> Settings | None:
+        """The container's cgroup limits, or None if it needs none or cgroups are unusable."""
+        if not self._cgroups.wanted(config.limits, config.requests):
+            return None
+        try:
+            settings = Settings.of(config.limits, config.requests)
+        except ValueError as e:
+            raise StartError("CreateContainerConfigError", f"resources: {e}") from e
+        return settings if self._cgroups.warn_once() else None
+
+    async def start(
+        self,
+        pod: Pod,
+        config: ContainerConfig,
+        container_id: str,
+        settings: Settings | None,
+        launch: dict[str, Any] | None,
+        starting: Path,
+        log_path: Path,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+    ) -> Spawned:
+        """The container's process, by its route (above). `settings`: its cgroups' (from
+        `cgroup_settings`), `launch`: the launcher's instructions if it needs one, `starting`:
+        its start marker."""
+        if launch is None and not (config.stdin or config.tty) and spawns_unlocked():
+            return await self._spawn_plain(starting, log_path, argv, cwd, env)
+        if launch is not None and settings is None and not (config.stdin or config.tty):
+            return await self._spawn_launched(starting, log_path, launch, cwd)
+        return await self._spawn_with(
+            pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
+        )
+
+    async def _spawn_plain(
+        self, starting: Path, log_path: Path, argv: list[str], cwd: str, env: dict[str, str]
+    ) -> Spawned:
+        """The common start: no launcher, no stdin, no terminal. The marker, the log's
+        directory and file, the fork+exec and the pidfd in one thread hop, the fork+exec
+        without the GIL (spawn_prepared). Its start time is read with the state file."""
+        prepare = functools.partial(_prepare_start, starting, log_path, True, cwd)
+        try:
+            pid, pidfd = await spawn_prepared(prepare, argv, cwd, env, log_path)
+        except BaseException as e:
+            await asyncio.to_thread(statefile.remove, starting)
+            if isinstance(e, OSError):
+                raise state_write_error(e) from e
+            raise
+        return Spawned(pid, pidfd, 0, False, None)
+
+    async def _spawn_launched(
+        self, starting: Path, log_path: Path, launch: dict[str, Any], cwd: str
+    ) -> Spawned:
+        """A start through the launcher without cgroups of its own, stdin or terminal (a pod
+        with volumes, say): the marker and the log's directory made in the launch's own thread
+        hop, before the fork (each hop is a wake of a thread and then of the loop)."""
+        launch["pods_dir"] = str(self._volumes_dir)
+        launch["cgroups"] = []
+        prepare = functools.partial(_prepare_start, starting, log_path, False, cwd)
+        try:
+            pid, pidfd, start_time = await spawn_launched(
+                launch, log_path, None, self._launcher, prepare
+            )
+        except BaseException:
+            await asyncio.to_thread(statefile.remove, starting)
+            raise
+        return Spawned(pid, pidfd, start_time, False, None)
+
+    async def _spawn_with(
+        self,
+        pod: Pod,
+        config: ContainerConfig,
+        container_id: str,
+        settings: Settings | None,
+        launch: dict[str, Any] | None,
+        starting: Path,
+        log_path: Path,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+    ) -> Spawned:
+        """A start through the launcher, or with the container's stdin or terminal: the
+        marker and the log's directory in a thread hop, then the cgroups, the stdio and the
+        fork+exec (its /proc start time 0 when it is read with the state file)."""
+        try:
+            # The log's directory too, and the log file of a process spawned here: one thread
+            # hop, and no new inode on the loop in spawn.
+            prepared = asyncio.ensure_future(
+                asyncio.to_thread(_prepare_start, starting, log_path, launch is None, cwd)
+            )
+            try:
+                log_fd = await asyncio.shield(prepared)
+            except asyncio.CancelledError:
+                # A kill cancelled the sync: the hop is let finish before the pod's lock goes,
+                # as the other starts' are, then its log file is closed and its marker removed.
+                await settle(prepared)
+                _close_opened(prepared)
+                await settle(asyncio.ensure_future(asyncio.to_thread(statefile.remove, starting)))
+                raise
+        except OSError as e:
+            raise state_write_error(e) from e
+        if launch is not None:
+            launch["pods_dir"] = str(self._volumes_dir)
+        procs: list[str] = []
+        if settings is not None:
+            try:
+                procs = await asyncio.to_thread(
+                    self._cgroups.create, pod.uid, container_id, settings, qos_class(pod)
+                )
+            except OSError as e:
+                if log_fd is not None:
+                    os.close(log_fd)
+                raise StartError(
+                    "RunContainerError",
+                    f"cannot create the cgroups of container {config.name}: {e}",
+                ) from e
+        stdio: ContainerStdio | None = None
+        child: list[int] = []  # the child's ends of its stdin or terminal, closed once started
+        try:
+            spawn_stdio = None
+            if config.stdin or config.tty:
+                try:
+                    stdio, child_in, terminal = ContainerStdio.create(
+                        stdin=config.stdin,
+                        stdin_once=config.stdin_once,
+                        tty=config.tty,
+                        log_path=log_path,
+                    )
+                except OSError as e:
+                    raise RuntimeFailure(
+                        f"cannot make the stdin of container {config.name}: {e}"
+                    ) from e
+                child.append(child_in)
+                spawn_stdio = Stdio(stdin=child_in, terminal=terminal)
+            if launch is None:
+                # The start time is read in the state files' thread: right after the fork the
+                # read waits for the child's exec (9 % of the loop in a burst of 1,000).
+                # spawn closes the log file, whatever becomes of the start.
+                fd, log_fd = log_fd, None
+                pid, pidfd, start_time = spawn(
+                    argv, cwd, env, log_path, stdio=spawn_stdio, start_time=False, log_fd=fd
+                )
+            else:
+                launch["cgroups"] = procs
+                pid, pidfd, start_time = await spawn_launched(
+                    launch, log_path, spawn_stdio, self._launcher
+                )
+        except BaseException:
+            if log_fd is not None:
+                os.close(log_fd)
+            if stdio is not None:
+                await stdio.close()
+            if procs:
+                await self._remove_cgroups(pod.uid, container_id)
+            await asyncio.to_thread(statefile.remove, starting)
+            raise
+        finally:
+            for fd in child:
+                os.close(fd)
+        return Spawned(pid, pidfd, start_time, bool(procs), stdio)
+
+    async def _remove_cgroups(self, uid: str, container_id: str) -> None:
+        try:
+            await asyncio.to_thread(self._cgroups.remove, uid, container_id)
+        except OSError as e:
+            log.error("cannot remove the cgroups of container %s: %s", container_id, e)
