@@ -12,7 +12,8 @@ for what may wait for a disk (fsync) or for another process (a socket's answer).
 100 manifests the file source's reads (stat, then open, read, close) took 0.5 ms a file through
 `os`, waiting for the loop, and the first pods' syncs waited for the last manifests. A new
 inode on a disk (a create, a mkdir) may take long enough that the loop, waiting for the lock
-meanwhile, stalls: a container's start makes its files through `os` (bench/HISTORY.md).
+meanwhile, stalls: a container's start and the state files make theirs through `os`
+(bench/HISTORY.md).
 
 They raise OSError (its subclass by errno, as `os` does) naming the path. Linux only.
 """

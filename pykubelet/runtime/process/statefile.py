@@ -14,10 +14,13 @@ machine loses nothing the pod needs.
 
 These functions block (fsync): call them from a thread (`asyncio.to_thread`) when latency matters.
 
-Open, write, close, rename and a pod directory's mkdir keep the interpreter lock
+The write, the close, the rename and the fsyncs' opens keep the interpreter lock
 (`common/lockedio.py`): with another thread running Python a state file took 43 ms, each of its
-calls waiting to have the lock back; 12 ms now. fsync, which waits for the disk, still lets it
-go.
+calls waiting to have the lock back; 12 ms with them. The calls that make a new inode (the temporary
+file's create, a pod directory's mkdir) let it go, as fsync does: they may wait long on a disk
+(an ext4 without a journal scans past the inodes freed recently), and in a burst of 1,000
+manifests they were a third of the lock's held time, the loop stalled behind them; letting them
+go took the burst from 2.99 to 2.68 s (six rounds alternated, bench/HISTORY.md session 22).
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pykubelet.common import lockedio
 from pykubelet.common.lockedio import close_fd, open_fd, rename, write_all
 
 DIR_MODE = 0o700
@@ -104,7 +106,7 @@ def write_json_many(
             if item.make_dir:
                 # Mostly a new pod's: made first, rather than found missing by the write.
                 try:
-                    lockedio.mkdir(directory, DIR_MODE)
+                    os.mkdir(directory, DIR_MODE)  # a new inode: lets the lock go (above)
                 except FileExistsError:
                     pass
                 except FileNotFoundError:
@@ -154,7 +156,8 @@ def _replace(directory: str, name: str, data: Any, sync: bool = True) -> None:
     while True:
         tmp = os.path.join(directory, f".{name}.{_PID}.{next(_TMP_NUMBERS)}{TMP_SUFFIX}")
         try:
-            fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            # `os`: a new inode lets the lock go (above).
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             break
         except FileExistsError:
             continue  # left by an earlier process that had this pid: the next number
