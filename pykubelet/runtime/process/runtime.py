@@ -99,7 +99,7 @@ from pykubelet.runtime.process.spawn import (
     os_reason,
     reap_exited,
 )
-from pykubelet.runtime.process.starts import ContainerStarts
+from pykubelet.runtime.process.starts import ContainerStarts, Start
 from pykubelet.runtime.process.statewriter import StateWriter
 from pykubelet.runtime.process.termination import exit_message, message_bind, own_file
 
@@ -518,7 +518,7 @@ class ProcessRuntime:
         # otherwise run on, unknown (found by the SIGKILL churn soak).
         starting = pod_dir / f"{container_id}{STARTING_SUFFIX}"
         spawned = await self._starts.start(
-            pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
+            Start(pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env)
         )
         pid = spawned.pid
         rec = ContainerRecord(

@@ -47,6 +47,21 @@ from pykubelet.runtime.process.spawn import (
 log = logging.getLogger(__name__)
 
 
+class Start(NamedTuple):
+    """What one container's start is given."""
+
+    pod: Pod
+    config: ContainerConfig
+    container_id: str
+    settings: Settings | None  # its cgroups' (`ContainerStarts.cgroup_settings`)
+    launch: dict[str, Any] | None  # the launcher's instructions, if it needs one
+    starting: Path  # its start marker
+    log_path: Path
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+
+
 class Spawned(NamedTuple):
     """A container's process, started."""
 
@@ -106,39 +121,23 @@ class ContainerStarts:
             raise StartError("CreateContainerConfigError", f"resources: {e}") from e
         return settings if self._cgroups.warn_once() else None
 
-    async def start(
-        self,
-        pod: Pod,
-        config: ContainerConfig,
-        container_id: str,
-        settings: Settings | None,
-        launch: dict[str, Any] | None,
-        starting: Path,
-        log_path: Path,
-        argv: list[str],
-        cwd: str,
-        env: dict[str, str],
-    ) -> Spawned:
-        """The container's process, by its route (above). `settings`: its cgroups' (from
-        `cgroup_settings`), `launch`: the launcher's instructions if it needs one, `starting`:
-        its start marker."""
-        if launch is None and not (config.stdin or config.tty) and spawns_unlocked():
-            return await self._spawn_plain(starting, log_path, argv, cwd, env)
-        if launch is not None and settings is None and not (config.stdin or config.tty):
-            return await self._spawn_launched(starting, log_path, launch, cwd)
-        return await self._spawn_with(
-            pod, config, container_id, settings, launch, starting, log_path, argv, cwd, env
-        )
+    async def start(self, start: Start) -> Spawned:
+        """The container's process, by its route (above)."""
+        stdio = start.config.stdin or start.config.tty
+        if start.launch is None and not stdio and spawns_unlocked():
+            return await self._spawn_plain(start)
+        if start.launch is not None and start.settings is None and not stdio:
+            return await self._spawn_launched(start, start.launch)
+        return await self._spawn_with(start)
 
-    async def _spawn_plain(
-        self, starting: Path, log_path: Path, argv: list[str], cwd: str, env: dict[str, str]
-    ) -> Spawned:
+    async def _spawn_plain(self, start: Start) -> Spawned:
         """The common start: no launcher, no stdin, no terminal. The marker, the log's
         directory and file, the fork+exec and the pidfd in one thread hop, the fork+exec
         without the GIL (spawn_prepared). Its start time is read with the state file."""
+        starting, log_path, cwd = start.starting, start.log_path, start.cwd
         prepare = functools.partial(_prepare_start, starting, log_path, True, cwd)
         try:
-            pid, pidfd = await spawn_prepared(prepare, argv, cwd, env, log_path)
+            pid, pidfd = await spawn_prepared(prepare, start.argv, cwd, start.env, log_path)
         except BaseException as e:
             await asyncio.to_thread(statefile.remove, starting)
             if isinstance(e, OSError):
@@ -146,12 +145,11 @@ class ContainerStarts:
             raise
         return Spawned(pid, pidfd, 0, False, None)
 
-    async def _spawn_launched(
-        self, starting: Path, log_path: Path, launch: dict[str, Any], cwd: str
-    ) -> Spawned:
+    async def _spawn_launched(self, start: Start, launch: dict[str, Any]) -> Spawned:
         """A start through the launcher without cgroups of its own, stdin or terminal (a pod
         with volumes, say): the marker and the log's directory made in the launch's own thread
         hop, before the fork (each hop is a wake of a thread and then of the loop)."""
+        starting, log_path, cwd = start.starting, start.log_path, start.cwd
         launch["pods_dir"] = str(self._volumes_dir)
         launch["cgroups"] = []
         prepare = functools.partial(_prepare_start, starting, log_path, False, cwd)
@@ -164,22 +162,14 @@ class ContainerStarts:
             raise
         return Spawned(pid, pidfd, start_time, False, None)
 
-    async def _spawn_with(
-        self,
-        pod: Pod,
-        config: ContainerConfig,
-        container_id: str,
-        settings: Settings | None,
-        launch: dict[str, Any] | None,
-        starting: Path,
-        log_path: Path,
-        argv: list[str],
-        cwd: str,
-        env: dict[str, str],
-    ) -> Spawned:
+    async def _spawn_with(self, start: Start) -> Spawned:
         """A start through the launcher, or with the container's stdin or terminal: the
         marker and the log's directory in a thread hop, then the cgroups, the stdio and the
         fork+exec (its /proc start time 0 when it is read with the state file)."""
+        pod, config, container_id = start.pod, start.config, start.container_id
+        settings, launch = start.settings, start.launch
+        starting, log_path = start.starting, start.log_path
+        argv, cwd, env = start.argv, start.cwd, start.env
         try:
             # The log's directory too, and the log file of a process spawned here: one thread
             # hop, and no new inode on the loop in spawn.
