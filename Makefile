@@ -2,9 +2,9 @@
 # Both create .venv themselves on a fresh Debian 12 machine with Python 3.11.
 
 # The virtualenvs' interpreter: the distribution's python3 when it is 3.11 or newer, else python3
-# on PATH. Debian builds its own with PGO and LTO and links it statically; a build without them
-# (pyenv's default) ran the agent's bursts of 1,000 pods 15 % slower (bench/HISTORY.md, session
-# 22). PYTHON=... chooses another; `make clean` first, since .venv keeps the one it was made with.
+# on PATH. Debian builds its own with PGO and LTO and links it statically: it ran the agent's
+# bursts of 1,000 pods 15 % faster than a build without them, pyenv's default (bench/HISTORY.md,
+# session 22). PYTHON=... chooses another; `make clean` first: .venv keeps the one it was made with.
 SYSTEM_PYTHON := /usr/bin/python3
 ifeq ($(origin PYTHON),undefined)
 PYTHON := $(shell $(SYSTEM_PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
