@@ -52,9 +52,11 @@ def create_message_file(pod_dir: Path, container: str) -> str | None:
     try:
         # The pod's directory is private (0700 elsewhere in --root-dir); this one is the
         # kubelet's 0750, the file 0666 so that a container of any user can write it.
+        # `os`, letting the interpreter lock go: new inodes on a disk (common/lockedio.py).
         os.makedirs(pod_dir, 0o700, exist_ok=True)
         os.makedirs(directory, 0o750, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
+        fd = os.open(path, flags, 0o600)  # private until its mode is set below
         try:
             os.fchmod(fd, 0o666)
         finally:

@@ -16,11 +16,12 @@ These functions block (fsync): call them from a thread (`asyncio.to_thread`) whe
 
 The write, the close, the rename and the fsyncs' opens keep the interpreter lock
 (`common/lockedio.py`): with another thread running Python a state file took 43 ms, each of its
-calls waiting to have the lock back; 12 ms with them. The calls that make a new inode (the temporary
-file's create, a pod directory's mkdir) let it go, as fsync does: they may wait long on a disk
-(an ext4 without a journal scans past the inodes freed recently), and in a burst of 1,000
-manifests they were a third of the lock's held time, the loop stalled behind them; letting them
-go took the burst from 2.99 to 2.68 s (six rounds alternated, bench/HISTORY.md session 22).
+calls waiting to have the lock back; 12 ms with them. The calls that make a new inode (the
+temporary file's create, a pod directory's mkdir) let it go, as fsync does: they may wait long
+on a disk (an ext4 without a journal scans past the inodes freed recently), and in a burst of
+1,000 manifests they were a third of the lock's held time, the loop stalled behind them;
+letting them go took the burst from 2.99 to 2.68 s (six rounds alternated, bench/HISTORY.md
+session 22).
 """
 
 from __future__ import annotations
