@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import resource
 import sys
@@ -14,8 +13,7 @@ from typing import Any, NoReturn
 
 from pykubelet import __version__
 from pykubelet.api.security import sysctl_pattern_error
-from pykubelet.cmd import config_file, logs, node_resources
-from pykubelet.common.node_registration import Taint, parse_label_pairs, parse_taints
+from pykubelet.cmd import config_file, flagtypes, logs, node_resources
 from pykubelet.common.options import (
     AUTHORIZATION_MODES,
     RUNTIMES,
@@ -23,7 +21,6 @@ from pykubelet.common.options import (
     Options,
     default_node_name,
     format_duration,
-    parse_duration,
 )
 
 log = logging.getLogger("pykubelet")
@@ -35,109 +32,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"pykubelet: error: {message} (see pykubelet --help)\n")
 
 
-def _duration(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"invalid port {text!r}: must be 0-65535")
-    return value
-
-
-def _header(text: str) -> tuple[str, str]:
-    # Split at the first ':' only: a value may hold ':' (URLs, tokens) (kubernetes#37346).
-    key, sep, value = text.partition(":")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"invalid header {text!r}: expected Key:Value")
-    return key.strip(), value.strip()
-
-
-def _size(text: str) -> int:
-    units = {"": 1, "k": 1000, "ki": 1024, "m": 1000**2, "mi": 1024**2, "g": 1000**3, "gi": 1024**3}
-    number = text.rstrip("kKmMgGiI")
-    unit = text[len(number) :].lower()
-    try:
-        return int(float(number) * units[unit])
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: e.g. 10Mi or 1048576") from None
-
-
-def _bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in {"true", "1", "yes"}:
-        return True
-    if lowered in {"false", "0", "no"}:
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}: use true or false")
-
-
-def _name_list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def _path_list(text: str) -> list[str]:
-    paths = [part.strip() for part in text.split(",") if part.strip()]
-    for path in paths:
-        if not path.startswith("/"):
-            raise argparse.ArgumentTypeError(f"{path!r} is not an absolute path")
-    return paths
-
-
-def _ip_list(text: str) -> list[str]:
-    ips = [part.strip() for part in text.split(",") if part.strip()]
-    for ip in ips:
-        try:
-            ipaddress.ip_address(ip)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{ip!r} is not an IP address") from None
-    return ips
-
-
-class _Replace(argparse.Action):
-    """A repeatable list flag whose first use replaces the default (a --config file's list),
-    as a kubelet flag overrides its configuration; later uses extend it."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        given = f"_{self.dest}_given"
-        current = getattr(namespace, self.dest) if getattr(namespace, given, False) else []
-        setattr(namespace, self.dest, [*current, *(values if isinstance(values, list) else [])])
-        setattr(namespace, given, True)
-
-
-def _map(separator: str) -> Callable[[str], dict[str, str]]:
-    def parse(text: str) -> dict[str, str]:
-        try:
-            return node_resources.parse_map(text, separator)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
-def _list(text: str) -> list[str]:
-    return [part.strip() for part in text.split(",") if part.strip()]
-
-
 def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
     group = p.add_argument_group("node allocatable (what the pods may use of the node)")
     for flag, what in (("kube", "the node agent and the runtime"), ("system", "the system")):
         group.add_argument(
             f"--{flag}-reserved",
-            type=_map("="),
+            type=flagtypes.key_value_map("="),
             action="append",
             dest=f"{flag}_reserved_flags",
             metavar="RESOURCE=QUANTITY[,...]",
@@ -152,7 +52,7 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
         )
     group.add_argument(
         "--eviction-hard",
-        type=_map("<"),
+        type=flagtypes.key_value_map("<"),
         action="append",
         dest="eviction_hard_flags",
         metavar="SIGNAL<QUANTITY[,...]",
@@ -162,7 +62,7 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--eviction-soft",
-        type=_map("<"),
+        type=flagtypes.key_value_map("<"),
         action="append",
         dest="eviction_soft_flags",
         metavar="SIGNAL<QUANTITY[,...]",
@@ -174,7 +74,7 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
     ):
         group.add_argument(
             f"--eviction-{flag}",
-            type=_map("="),
+            type=flagtypes.key_value_map("="),
             action="append",
             dest=f"eviction_{flag.replace('-', '_')}_flags",
             metavar=f"{metavar}[,...]",
@@ -189,28 +89,28 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--eviction-pressure-transition-period",
-        type=_duration,
+        type=flagtypes.duration,
         default=300.0,
         metavar="DURATION",
         help="how long a pressure condition stays after its threshold was last crossed (5m)",
     )
     group.add_argument(
         "--eviction-monitoring-interval",
-        type=_duration,
+        type=flagtypes.duration,
         default=10.0,
         metavar="DURATION",
         help="how often the eviction signals are observed (10s, the kubelet's housekeeping)",
     )
     group.add_argument(
         "--housekeeping-interval",
-        type=_duration,
+        type=flagtypes.duration,
         default=10.0,
         metavar="DURATION",
         help="how often resource usage is sampled: CPU, memory, file systems (10s, cAdvisor's)",
     )
     group.add_argument(
         "--volume-stats-agg-period",
-        type=_duration,
+        type=flagtypes.duration,
         default=60.0,
         metavar="DURATION",
         help="how often the pods' volumes, logs and writable layers are measured (the Summary "
@@ -225,7 +125,7 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--enforce-node-allocatable",
-        type=_list,
+        type=flagtypes.comma_list,
         default=["pods"],
         metavar="KEY[,KEY...]",
         help="pods (default: the pods' kubepods cgroup sized to allocatable, process runtime "
@@ -233,25 +133,11 @@ def _node_allocatable_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _labels(text: str) -> dict[str, str]:
-    try:
-        return parse_label_pairs(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _taints(text: str) -> list[Taint]:
-    try:
-        return parse_taints(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _add_registration_flags(p: argparse.ArgumentParser) -> None:
     reg = p.add_argument_group("registration (cluster mode)")
     reg.add_argument(
         "--register-node",
-        type=_bool,
+        type=flagtypes.boolean,
         nargs="?",
         const=True,
         default=True,
@@ -261,7 +147,7 @@ def _add_registration_flags(p: argparse.ArgumentParser) -> None:
     )
     reg.add_argument(
         "--node-labels",
-        type=_labels,
+        type=flagtypes.labels,
         action="append",
         default=[],
         metavar="KEY=VALUE[,...]",
@@ -271,7 +157,7 @@ def _add_registration_flags(p: argparse.ArgumentParser) -> None:
     )
     reg.add_argument(
         "--register-with-taints",
-        type=_taints,
+        type=flagtypes.taints,
         default=[],
         metavar="KEY=VALUE:EFFECT[,...]",
         help="taints the Node is registered with (effect NoSchedule, PreferNoSchedule or "
@@ -303,11 +189,11 @@ def _gc_flags(p: argparse.ArgumentParser) -> None:
         ("--image-gc-period", 300.0, "how often image GC checks the usage"),
         ("--container-log-monitor-interval", 10.0, "how often log sizes are checked"),
     ):
-        group.add_argument(flag, type=_duration, default=seconds, metavar="DURATION",
+        group.add_argument(flag, type=flagtypes.duration, default=seconds, metavar="DURATION",
                            help=f"{help_} (default {format_duration(seconds)})")  # fmt: skip
     group.add_argument(
         "--container-log-max-size",
-        type=_size,
+        type=flagtypes.size,
         default=10 * 1024 * 1024,
         metavar="SIZE",
         help="a container log file's size before it is rotated (default 10Mi)",
@@ -345,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--file-check-frequency",
-        type=_duration,
+        type=flagtypes.duration,
         default=20.0,
         metavar="DURATION",
         help="how often to re-list the manifest path besides inotify (default 20s)",
@@ -353,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest-url", help="a URL serving pod manifests to run as static pods")
     p.add_argument(
         "--manifest-url-header",
-        type=_header,
+        type=flagtypes.header,
         action="append",
         default=[],
         metavar="KEY:VALUE",
@@ -361,14 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--http-check-frequency",
-        type=_duration,
+        type=flagtypes.duration,
         default=20.0,
         metavar="DURATION",
         help="how often --manifest-url is fetched (default 20s)",
     )
     p.add_argument(
         "--manifest-url-max-bytes",
-        type=_size,
+        type=flagtypes.size,
         default=10 * 1024 * 1024,
         metavar="SIZE",
         help="the largest manifest body accepted (default 10Mi)",
@@ -468,14 +354,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--read-only-port",
-        type=_port,
+        type=flagtypes.port,
         default=10255,
         help="port of the read-only API; 0 picks a free one and logs it (default 10255)",
     )
     secure = p.add_argument_group("the kubelet API (secure port)")
     secure.add_argument(
         "--port",
-        type=_port,
+        type=flagtypes.port,
         default=10250,
         help="port of the authenticated kubelet API (HTTPS); 0 picks a free one, logs it and "
         "advertises it on the Node (default 10250)",
@@ -509,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     secure.add_argument(
         "--anonymous-auth",
-        type=_bool,
+        type=flagtypes.boolean,
         nargs="?",
         const=True,
         default=False,
@@ -519,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     secure.add_argument(
         "--authentication-token-webhook",
-        type=_bool,
+        type=flagtypes.boolean,
         nargs="?",
         const=True,
         default=False,
@@ -528,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     secure.add_argument(
         "--authentication-token-webhook-cache-ttl",
-        type=_duration,
+        type=flagtypes.duration,
         default=120.0,
         metavar="DURATION",
         help="how long token review answers are kept (default 2m)",
@@ -542,28 +428,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     secure.add_argument(
         "--authorization-webhook-cache-authorized-ttl",
-        type=_duration,
+        type=flagtypes.duration,
         default=300.0,
         metavar="DURATION",
         help="how long an allowed SubjectAccessReview is kept (default 5m)",
     )
     secure.add_argument(
         "--authorization-webhook-cache-unauthorized-ttl",
-        type=_duration,
+        type=flagtypes.duration,
         default=30.0,
         metavar="DURATION",
         help="how long a denied SubjectAccessReview is kept (default 30s)",
     )
     p.add_argument(
         "--sync-frequency",
-        type=_duration,
+        type=flagtypes.duration,
         default=60.0,
         metavar="DURATION",
         help="how often a running pod is re-synced (default 1m)",
     )
     p.add_argument(
         "--streaming-connection-idle-timeout",
-        type=_duration,
+        type=flagtypes.duration,
         default=4 * 3600.0,
         metavar="DURATION",
         help="how long an exec, attach or port-forward session may pass without a frame either "
@@ -580,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_registration_flags(p)
     p.add_argument(
         "--keep-pods-on-exit",
-        type=_bool,
+        type=flagtypes.boolean,
         nargs="?",
         const=True,
         default=False,
@@ -596,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--allowed-host-paths",
-        type=_path_list,
+        type=flagtypes.path_list,
         action="extend",
         default=[],
         metavar="PATH[,PATH...]",
@@ -605,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--allow-privileged",
-        type=_bool,
+        type=flagtypes.boolean,
         nargs="?",
         const=True,
         default=False,
@@ -614,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--allowed-unsafe-sysctls",
-        type=_name_list,
+        type=flagtypes.comma_list,
         action="extend",
         default=[],
         metavar="NAME[,NAME...]",
@@ -631,8 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     _gc_flags(p)
     p.add_argument(
         "--cluster-dns",
-        type=_ip_list,
-        action=_Replace,
+        type=flagtypes.ip_list,
+        action=flagtypes.Replace,
         default=[],
         metavar="IP[,IP...]",
         help="the cluster's DNS servers: the nameservers of pods with dnsPolicy ClusterFirst",
