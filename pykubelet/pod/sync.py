@@ -7,8 +7,6 @@ so every backend gets the same restart policies, back-off, init-container order 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 from collections import defaultdict
@@ -34,6 +32,13 @@ from pykubelet.pod.envvars import (
     skipped_env_names,
 )
 from pykubelet.pod.network import PodNetwork
+from pykubelet.pod.policies import (
+    MIN_GRACE_SECONDS,
+    default_pull_policy,
+    grace_seconds,
+    should_restart,
+    spec_hash,
+)
 from pykubelet.pod.pullsecrets import PullSecret, pull_credentials
 from pykubelet.pod.security import SecurityError, security_fields
 from pykubelet.pod.volumes import (
@@ -62,44 +67,6 @@ from pykubelet.status.generate import TERMINAL_PHASES, Waiting, compute_pod_stat
 from pykubelet.status.manager import StatusManager
 
 log = logging.getLogger(__name__)
-
-# The kubelet never gives a container less than this to stop, whatever the pod asks.
-MIN_GRACE_SECONDS = 2.0
-DEFAULT_GRACE_SECONDS = 30.0
-
-
-def spec_hash(container: Container) -> str:
-    """A container is restarted when this changes (a spec update of an API pod)."""
-    data = json.dumps(container.to_api(), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(data.encode()).hexdigest()[:16]
-
-
-def default_pull_policy(image: str) -> str:
-    name = image.rsplit("/", 1)[-1]
-    if "@" in name:
-        return "IfNotPresent"
-    tag = name.split(":", 1)[1] if ":" in name else "latest"
-    return "Always" if tag == "latest" else "IfNotPresent"
-
-
-def should_restart(policy: str, exit_code: int | None) -> bool:
-    if policy == "Always":
-        return True
-    if policy == "OnFailure":
-        return exit_code != 0
-    return False
-
-
-def grace_seconds(pod: Pod | None, override: float | None) -> float:
-    if override is not None:
-        grace = override
-    elif pod is not None and pod.metadata.deletion_grace_period_seconds is not None:
-        grace = float(pod.metadata.deletion_grace_period_seconds)
-    elif pod is not None:
-        grace = float(pod.spec.termination_grace_period_seconds)
-    else:
-        grace = DEFAULT_GRACE_SECONDS
-    return max(grace, MIN_GRACE_SECONDS)
 
 
 def _pod_ref(pod: Pod, container: str | None = None) -> ObjectRef:
