@@ -37,6 +37,7 @@ import marshal
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -175,11 +176,7 @@ def _prepare_and_spawn(
 ) -> tuple[int, int]:
     log_fd = _log_in(cwd, log_path, prepare())
     try:
-        null_fd = lockedio.open_fd(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            pid = posixspawn.spawn_process(argv[0], argv, env, cwd, null_fd, log_fd)
-        finally:
-            lockedio.close_fd(null_fd, os.devnull)
+        pid = posixspawn.spawn_process(argv[0], argv, env, cwd, null_stdin(), log_fd)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.isdir(cwd):
             # posix_spawn's chdir failed (the directory went after the look above): the error
@@ -194,6 +191,22 @@ def _prepare_and_spawn(
     return pid, pidfd
 
 
+_null_stdin_lock = threading.Lock()
+_null_stdin_fd: int | None = None
+
+
+def null_stdin() -> int:
+    """/dev/null opened once for this process, read-only and close-on-exec, never closed: the
+    stdin of every container that has none of its own (the spawn dups it into the child). An
+    open and a close per container, with the interpreter lock kept, waited in a burst on the
+    other threads' spawns (bench/HISTORY.md, session 23)."""
+    global _null_stdin_fd
+    with _null_stdin_lock:
+        if _null_stdin_fd is None:
+            _null_stdin_fd = lockedio.open_fd(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        return _null_stdin_fd
+
+
 def _log_in(cwd: str, log_path: Path, log_fd: int | None) -> int:
     """The log file of a process to start in `cwd`: `log_fd` if opened already, else opened
     now. A missing `cwd` is the container's RunContainerError (`log_fd` closed): the exec would
@@ -205,10 +218,13 @@ def _log_in(cwd: str, log_path: Path, log_fd: int | None) -> int:
     return open_log(log_path) if log_fd is None else log_fd
 
 
-def open_log(log_path: Path) -> int:
-    """The container's log file, for its process to append to (close-on-exec here)."""
+def open_log(log_path: Path, *, make_dir: bool = True) -> int:
+    """The container's log file, for its process to append to (close-on-exec here); its
+    directory made first unless the caller has just made it (`make_dir=False`: each look at
+    a directory there already lets the interpreter lock go twice)."""
     try:
-        statefile.ensure_dir(log_path.parent)
+        if make_dir:
+            statefile.ensure_dir(log_path.parent)
         # The child writes to the file itself: its output does not go through the agent, and
         # nothing is lost while the agent restarts.
         return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
@@ -456,7 +472,6 @@ def _start_served(
     """A launcher forked by the launch server, with the stdio `spawn` would give it."""
     stdio = stdio or Stdio()
     log_fd = open_log(log_path)
-    null_fd = None
     try:
         out = log_fd if stdio.terminal is None else stdio.terminal
         if stdio.terminal is not None:
@@ -464,12 +479,10 @@ def _start_served(
         elif stdio.stdin is not None:
             stdin = stdio.stdin
         else:
-            stdin = null_fd = lockedio.open_fd(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            stdin = null_stdin()
         pid = server.launch(config_fd, stdin, out, err_w, trees)
     finally:
         lockedio.close_fd(log_fd, str(log_path))
-        if null_fd is not None:
-            lockedio.close_fd(null_fd, os.devnull)
     return _watched(pid)
 
 
