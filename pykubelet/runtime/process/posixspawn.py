@@ -4,7 +4,10 @@ Why: CPython's own fork+exec (subprocess, os.posix_spawn) holds the GIL until th
 exec'd, 0.3-0.4 ms a start here, during which no other thread of the agent runs Python and its
 event loop stands still. ctypes releases the lock around a foreign call, so a start made in a
 worker thread leaves the loop and the other threads running while the kernel clones and the
-child execs.
+child execs. posix_spawn alone lets it go: its setup calls (glibc filling its own buffers) and
+the PATH lookup's misses keep it (ctypes.PyDLL, as common/lockedio.py, which this file cannot
+import: the launch server loads it by its path alone), since each call that lets it go costs
+the thread a wait to have it back while the loop runs Python.
 
 What it promises: `spawn_process` starts `program` (resolved as execvpe would, against the
 container's PATH, relative entries from `cwd`) in a session of its own, in `cwd`, with stdin
@@ -25,7 +28,7 @@ import fcntl
 import os
 import stat
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 # <spawn.h> flags.
 POSIX_SPAWN_SETSIGDEF = 0x04
@@ -38,11 +41,17 @@ _ACTIONS_SIZE = 512
 _SIGSET_SIZE = 256
 
 
+class _Libc(NamedTuple):
+    setup: Any  # the setup functions, through ctypes.PyDLL: they keep the interpreter lock
+    posix_spawn: Any  # through ctypes.CDLL: it lets the lock go until the child has exec'd
+
+
 @cache
-def _libc() -> Any:
+def _libc() -> _Libc | None:
     """glibc's spawn functions, or None where one is missing."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.PyDLL(None, use_errno=True)
+        spawn = ctypes.CDLL(None, use_errno=True).posix_spawn
         for name in (
             "posix_spawn",
             "posix_spawn_file_actions_init",
@@ -56,11 +65,12 @@ def _libc() -> Any:
             "posix_spawnattr_setsigmask",
             "posix_spawnattr_setsigdefault",
             "sigemptyset",
+            "access",
         ):
             getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    libc.posix_spawn.argtypes = [
+    spawn.argtypes = [
         ctypes.POINTER(ctypes.c_int),
         ctypes.c_char_p,
         ctypes.c_void_p,
@@ -70,7 +80,8 @@ def _libc() -> Any:
     ]
     libc.posix_spawnattr_setflags.argtypes = [ctypes.c_void_p, ctypes.c_short]
     libc.posix_spawn_file_actions_addchdir_np.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    return libc
+    libc.access.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return _Libc(libc, spawn)
 
 
 def available() -> bool:
@@ -104,6 +115,8 @@ def resolve(program: str, path: str, cwd: str) -> str:
     denied = False
     for directory in path.split(os.pathsep):
         candidate = os.path.join(cwd, directory, program)
+        if not _may_exist(candidate):
+            continue
         try:
             mode = os.stat(candidate).st_mode
         except OSError:
@@ -114,6 +127,15 @@ def resolve(program: str, path: str, cwd: str) -> str:
     if denied:
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), program)
     raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+def _may_exist(path: str) -> bool:
+    """False when `path` is certainly missing (access(2) says ENOENT or ENOTDIR), through
+    ctypes.PyDLL: the PATH entries that do not hold the program cost no wait for the lock."""
+    libc = _libc()
+    if libc is None or "\0" in path or libc.setup.access(os.fsencode(path), os.F_OK) == 0:
+        return True  # (os.stat says what is wrong with a NUL byte)
+    return ctypes.get_errno() not in (errno.ENOENT, errno.ENOTDIR)
 
 
 def spawn_process(
@@ -149,7 +171,7 @@ def spawn_process(
 
 
 def _spawn(
-    libc: Any,
+    spawn_libc: _Libc,
     program: str,
     executable: str,
     args: list[bytes],
@@ -159,6 +181,7 @@ def _spawn(
     output: int,
     keep_ignored: int = 0,
 ) -> int:
+    libc = spawn_libc.setup
     actions = ctypes.create_string_buffer(_ACTIONS_SIZE)
     attr = ctypes.create_string_buffer(_ATTR_SIZE)
     mask = ctypes.create_string_buffer(_SIGSET_SIZE)
@@ -184,7 +207,7 @@ def _spawn(
             flags = POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF
             _check(libc.posix_spawnattr_setflags(attr, flags))
             pid = ctypes.c_int(0)
-            err = libc.posix_spawn(
+            err = spawn_libc.posix_spawn(
                 ctypes.byref(pid),
                 os.fsencode(executable),
                 actions,
