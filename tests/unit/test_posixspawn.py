@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pykubelet.runtime.process import posixspawn
+from pykubelet.runtime.process import posixspawn, spawn
 
 pytestmark = pytest.mark.skipif(not posixspawn.available(), reason="glibc without closefrom_np")
 
@@ -118,6 +118,12 @@ def test_the_program_is_looked_up_in_the_containers_path_from_its_directory(
     assert log.read_text() == "tool ran\n"
     assert posixspawn.resolve("sh", "", "/bin") == "/bin/sh"  # an empty PATH: the directory
     assert posixspawn.resolve("./x", BASE_PATH, "/") == "./x"  # with a slash: as it is
+    # Passed over as execvpe does: a directory of the program's name, an entry that is a file.
+    (tmp_path / "dirs" / tool.name).mkdir(parents=True)
+    (tmp_path / "file").write_text("")
+    assert posixspawn.resolve(tool.name, "dirs:file:bin", str(tmp_path)) == str(tool)
+    with pytest.raises(PermissionError):  # only the directory: found, but not a program
+        posixspawn.resolve(tool.name, "dirs:file", str(tmp_path))
 
 
 def test_failures_are_the_calls_errors_naming_the_program(
@@ -199,3 +205,10 @@ def test_the_signals_asked_for_stay_ignored_if_they_are(
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
             assert _run(pid) == -signal.SIGKILL
+
+
+def test_every_container_gets_the_same_dev_null_as_stdin() -> None:
+    fd = spawn.null_stdin()
+    assert spawn.null_stdin() == fd  # opened once, never closed
+    assert os.readlink(f"/proc/self/fd/{fd}") == os.devnull
+    assert os.get_inheritable(fd) is False  # close-on-exec: only the spawn's dup2 passes it on
