@@ -469,9 +469,10 @@ def _start_served(
     stdio: Stdio | None,
     trees: list[int],
 ) -> tuple[int, int, int]:
-    """A launcher forked by the launch server, with the stdio `spawn` would give it."""
+    """A launcher forked by the launch server, with the stdio `spawn` would give it. The log's
+    directory is made already (every start's `_prepare_start`, starts.py)."""
     stdio = stdio or Stdio()
-    log_fd = open_log(log_path)
+    log_fd = open_log(log_path, make_dir=False)
     try:
         out = log_fd if stdio.terminal is None else stdio.terminal
         if stdio.terminal is not None:
