@@ -218,16 +218,20 @@ def _log_in(cwd: str, log_path: Path, log_fd: int | None) -> int:
     return open_log(log_path) if log_fd is None else log_fd
 
 
-def open_log(log_path: Path, *, make_dir: bool = True) -> int:
+def open_log(log_path: Path) -> int:
     """The container's log file, for its process to append to (close-on-exec here); its
-    directory made first unless the caller has just made it (`make_dir=False`: each look at
-    a directory there already lets the interpreter lock go twice)."""
+    directory made only when the file cannot be for want of it (every start's preparation
+    makes it first, and a look at a directory there already lets the interpreter lock go
+    twice)."""
+    # The child writes to the file itself: its output does not go through the agent, and
+    # nothing is lost while the agent restarts.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
     try:
-        if make_dir:
-            statefile.ensure_dir(log_path.parent)
-        # The child writes to the file itself: its output does not go through the agent, and
-        # nothing is lost while the agent restarts.
-        return os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            return os.open(log_path, flags, 0o600)
+        except FileNotFoundError:
+            statefile.ensure_dir(log_path.parent)  # its own error names what is wrong
+            return os.open(log_path, flags, 0o600)
     except OSError as e:
         # No space or inodes left under --root-dir, a read-only file system: the container
         # cannot be created (its waiting reason), not a failure of the runtime.
@@ -469,10 +473,9 @@ def _start_served(
     stdio: Stdio | None,
     trees: list[int],
 ) -> tuple[int, int, int]:
-    """A launcher forked by the launch server, with the stdio `spawn` would give it. The log's
-    directory is made already (every start's `_prepare_start`, starts.py)."""
+    """A launcher forked by the launch server, with the stdio `spawn` would give it."""
     stdio = stdio or Stdio()
-    log_fd = open_log(log_path, make_dir=False)
+    log_fd = open_log(log_path)
     try:
         out = log_fd if stdio.terminal is None else stdio.terminal
         if stdio.terminal is not None:

@@ -90,7 +90,7 @@ def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> in
         os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
     try:
         statefile.ensure_dir(log_path.parent)
-        return open_log(log_path, make_dir=False) if with_log and lockedio.is_dir(cwd) else None
+        return open_log(log_path) if with_log and lockedio.is_dir(cwd) else None
     except (OSError, StartError):
         return None  # spawn tries again and says why, naming the log file
 
