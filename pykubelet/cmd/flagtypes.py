@@ -57,11 +57,12 @@ def boolean(text: str) -> bool:
 
 
 def comma_list(text: str) -> list[str]:
+    """The comma-separated items, trimmed, empty ones dropped."""
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def path_list(text: str) -> list[str]:
-    paths = [part.strip() for part in text.split(",") if part.strip()]
+    paths = comma_list(text)
     for path in paths:
         if not path.startswith("/"):
             raise argparse.ArgumentTypeError(f"{path!r} is not an absolute path")
@@ -69,7 +70,7 @@ def path_list(text: str) -> list[str]:
 
 
 def ip_list(text: str) -> list[str]:
-    ips = [part.strip() for part in text.split(",") if part.strip()]
+    ips = comma_list(text)
     for ip in ips:
         try:
             ipaddress.ip_address(ip)
