@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -137,4 +138,40 @@ async def test_a_file_found_maybe_unsynced_is_synced_by_the_next_durable_write(
     writer.unsynced(pod / "sandbox.json")
     await writer.write(pod / "c.json", {"n": 1})
     assert fsyncs.paths == [f"{pod / 'c.json'} (new)", str(pod / "sandbox.json"), str(pod)]
+    await asyncio.to_thread(writer.close)
+
+
+async def test_an_unsynced_write_returns_without_waiting_for_its_batch_to_be_durable(
+    tmp_path: Path, fsyncs: FsyncLog
+) -> None:
+    writer = StateWriter()
+    release = threading.Event()
+
+    def held() -> dict[str, int]:
+        # Called in the writer's thread as the durable file is written: the disk is slow.
+        release.wait(30)
+        return {"n": 1}
+
+    # Both queued before the flusher runs: one batch.
+    durable = asyncio.ensure_future(writer.write(tmp_path / "pod" / "c.json", held, make_dir=True))
+    unsynced = asyncio.ensure_future(
+        writer.write(tmp_path / "other" / "sandbox.json", {"id": "s"}, make_dir=True, durable=False)
+    )
+    failed = asyncio.ensure_future(
+        writer.write(tmp_path / "missing" / "x" / "sandbox.json", {}, durable=False)
+    )
+    try:
+        await asyncio.wait_for(unsynced, 10)
+        assert json.loads((tmp_path / "other" / "sandbox.json").read_text()) == {"id": "s"}
+        with pytest.raises(FileNotFoundError):
+            await asyncio.wait_for(failed, 10)
+        assert not durable.done()
+    finally:
+        release.set()
+    await durable
+    assert json.loads((tmp_path / "pod" / "c.json").read_text()) == {"n": 1}
+    # The unsynced file is remembered: the next durable write beside it syncs it.
+    fsyncs.paths.clear()
+    await writer.write(tmp_path / "other" / "c.json", {"n": 2})
+    assert str(tmp_path / "other" / "sandbox.json") in fsyncs.paths
     await asyncio.to_thread(writer.close)

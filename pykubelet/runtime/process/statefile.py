@@ -30,7 +30,7 @@ import contextlib
 import itertools
 import json
 import os
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -85,7 +85,9 @@ class StateWrite(NamedTuple):
 
 
 def write_json_many(
-    items: list[StateWrite], also_fsync: Collection[Path] = ()
+    items: list[StateWrite],
+    also_fsync: Collection[Path] = (),
+    placed: Callable[[list[OSError | None]], None] | None = None,
 ) -> list[OSError | None]:
     """Each item's `path` atomically replaced by its `data` as JSON, with one fsync per
     directory for all the renames into it; once a file is durable its `then_remove` (if any) is
@@ -97,27 +99,23 @@ def write_json_many(
     A file written with `durable=False` is in place when this returns (an agent that dies then
     finds it) and becomes durable with a later durable write into its directory that names it
     in `also_fsync`: its content is fsynced before that directory is (one missing by then is
-    skipped; one that cannot be fsynced fails that directory's items)."""
+    skipped; one that cannot be fsynced fails that directory's items).
+
+    The files written with `durable=False` are written first, and then `placed` (if any, and
+    if there are such files) is called with the list of errors, whose entries for them are then
+    final: their writers need not wait for the others' fsyncs."""
     errors: list[OSError | None] = [None] * len(items)
     dirs: dict[str, list[int]] = {}
+    unsynced = [i for i, item in enumerate(items) if not item.durable]
+    for i in unsynced:
+        errors[i] = _write_one(items[i])
+    if unsynced and placed is not None:
+        placed(errors)
     for i, item in enumerate(items):
-        directory, name = os.path.split(item.path)
-        try:
-            data = item.data() if callable(item.data) else item.data
-            if item.make_dir:
-                # Mostly a new pod's: made first, rather than found missing by the write.
-                try:
-                    os.mkdir(directory, DIR_MODE)  # a new inode: lets the lock go (above)
-                except FileExistsError:
-                    pass
-                except FileNotFoundError:
-                    ensure_dir(Path(directory))
-            _replace(directory, name, data, item.durable)
-        except OSError as e:
-            errors[i] = e
-            continue
         if item.durable:
-            dirs.setdefault(directory, []).append(i)
+            errors[i] = _write_one(item)
+            if errors[i] is None:
+                dirs.setdefault(os.path.dirname(item.path), []).append(i)
     for path in also_fsync:
         indexes = dirs.get(str(path.parent))
         if indexes is None:
@@ -143,6 +141,25 @@ def write_json_many(
             with contextlib.suppress(OSError):
                 remove(item.then_remove)
     return errors
+
+
+def _write_one(item: StateWrite) -> OSError | None:
+    """The item's file in place (fsynced if durable, its directory not); its error if any."""
+    directory, name = os.path.split(item.path)
+    try:
+        data = item.data() if callable(item.data) else item.data
+        if item.make_dir:
+            # Mostly a new pod's: made first, rather than found missing by the write.
+            try:
+                os.mkdir(directory, DIR_MODE)  # a new inode: lets the lock go (above)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                ensure_dir(Path(directory))
+        _replace(directory, name, data, item.durable)
+    except OSError as e:
+        return e
+    return None
 
 
 def _replace(directory: str, name: str, data: Any, sync: bool = True) -> None:

@@ -15,12 +15,15 @@ it, and the next durable write into its directory (one that starts after it retu
 before that directory. The process runtime's sandbox records are written so: a pod's first
 container waited for two fsyncs of its sandbox record on the disk (about 0.6 ms a pod, alone;
 in a burst of 100 pods, a batch of 80 records held them all 45 ms) for a guarantee no process
-needs before it exists.
+needs before it exists. Such a write does not wait for the durable ones of its batch either:
+each part writes its unsynced files first and tells their writers at once (in a burst of 1,000
+API pods their sandbox records waited 106 ms at the median for other pods' fsyncs).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -96,10 +99,10 @@ class StateWriter:
                                 future.cancel()
                     raise
                 for (item, future), error in zip(batch, errors, strict=True):
+                    if future.done():
+                        continue  # an unsynced write, told when it was in place (_placed)
                     if error is None and not item.durable:
                         self.unsynced(item.path)
-                    if future.done():
-                        continue
                     if error is None:
                         future.set_result(None)
                     else:
@@ -120,10 +123,25 @@ class StateWriter:
         loop = asyncio.get_running_loop()
         part_items = [items[i::parts] for i in range(parts)]
         to_sync = [self._to_sync(part) for part in part_items]
+
+        def placed(part: list[_Item]) -> Callable[[list[OSError | None]], None]:
+            # From the writer's thread; the loop runs it before the part's own end (both are
+            # call_soon_threadsafe from that thread, in this order).
+            def tell(errors: list[OSError | None]) -> None:
+                loop.call_soon_threadsafe(self._placed, part, list(errors))
+
+            return tell
+
         written = await asyncio.gather(
             *(
-                loop.run_in_executor(self._threads, statefile.write_json_many, part, sync)
-                for part, sync in zip(part_items, to_sync, strict=True)
+                loop.run_in_executor(
+                    self._threads,
+                    statefile.write_json_many,
+                    part,
+                    sync,
+                    placed(batch[i::parts]),
+                )
+                for i, (part, sync) in enumerate(zip(part_items, to_sync, strict=True))
             )
         )
         errors: list[OSError | None] = [None] * len(items)
@@ -141,6 +159,19 @@ class StateWriter:
                 if not unsynced:
                     del self._unsynced[path.parent]
         return errors
+
+    def _placed(self, part: list[_Item], errors: list[OSError | None]) -> None:
+        """The unsynced writes of a part are in place (or failed): their writers go on, not
+        waiting for the part's fsyncs. Each is remembered for the next durable write into its
+        directory before its writer is told."""
+        for (item, future), error in zip(part, errors, strict=True):
+            if item.durable or future.done():
+                continue
+            if error is None:
+                self.unsynced(item.path)
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
     def _to_sync(self, part: list[statefile.StateWrite]) -> list[Path]:
         """The unsynced files where `part` writes durably."""
