@@ -36,8 +36,11 @@ _Item = tuple[statefile.StateWrite, "asyncio.Future[None]"]
 # (one thread fsyncing a whole burst in turn was slower than the old thread per write).
 FLUSHERS = 4
 # A batch larger than this goes to the threads in parts of at least this many files, at most
-# SPLIT_THREADS of them.
-SPLIT_AT = 32
+# SPLIT_THREADS of them. 8, not 32: in a burst of 1,000 API pods the batches are mostly of
+# 10-60 files, and one thread syncing each file in turn, waiting for the interpreter lock after
+# every fsync, made a container's record wait 0.56 s at the p99 (0.29 s split at 8), which the
+# pod's status waits for (bench/HISTORY.md, session 24).
+SPLIT_AT = 8
 SPLIT_THREADS = 8
 
 
