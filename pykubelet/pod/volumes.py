@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import json
 import logging
@@ -679,7 +678,9 @@ _libc: ctypes.CDLL | None = None
 def _c() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The C library the interpreter has loaded: find_library would run ldconfig (a fork
+        # in the first pods' volume threads, each racing to look it up).
+        _libc = ctypes.CDLL(None, use_errno=True)
     return _libc
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -30,7 +29,8 @@ log = logging.getLogger(__name__)
 
 FALLOC_FL_COLLAPSE_RANGE = 0x08
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# The C library the interpreter already has loaded: find_library would run ldconfig.
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
 
 
