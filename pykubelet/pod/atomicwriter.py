@@ -57,7 +57,9 @@ def write_files(
     lockedio.symlink(stamp_name, temp)
     lockedio.rename(temp, data_link)
     top = {rel.split("/", 1)[0] for rel in files}
-    for entry in os.listdir(path):
+    # The links of an earlier payload that this one no longer has go; there are none before
+    # the first swap (a new volume's: its listing let the lock go for nothing).
+    for entry in os.listdir(path) if previous is not None else ():
         if entry.startswith(".."):
             continue
         link = os.path.join(path, entry)
