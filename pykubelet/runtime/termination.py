@@ -20,9 +20,10 @@ Blocking file work is in plain functions, for the caller to run in a thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import secrets
+import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -47,14 +48,26 @@ CONTAINERS_DIR = "containers"  # in the pod's directory, as the kubelet's getPod
 
 def create_message_file(pod_dir: Path, container: str) -> str | None:
     """The empty message file of one container start (blocking); None if it cannot be made."""
-    directory = pod_dir / CONTAINERS_DIR / container
-    path = directory / f"{secrets.randbits(32):08x}"
+    containers = pod_dir / CONTAINERS_DIR
+    directory = containers / container
+    # As the kubelet's makeUID, not a secret: no system call for it (secrets' getrandom lets
+    # the interpreter lock go, and waits to have it back).
+    path = directory / f"{random.getrandbits(32):08x}"
     try:
         # The pod's directory is private (0700 elsewhere in --root-dir); this one is the
         # kubelet's 0750, the file 0666 so that a container of any user can write it.
         # `os`, letting the interpreter lock go: new inodes on a disk (common/lockedio.py).
-        os.makedirs(pod_dir, 0o700, exist_ok=True)
-        os.makedirs(directory, 0o750, exist_ok=True)
+        # Each directory made from the top, where the pod's usually is, rather than looked
+        # for from the bottom (each call waits for the lock after it).
+        try:
+            os.mkdir(containers)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:
+            os.makedirs(pod_dir, 0o700, exist_ok=True)
+            os.makedirs(containers, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o750)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW
         fd = os.open(path, flags, 0o600)  # private until its mode is set below
         try:

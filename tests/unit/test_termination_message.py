@@ -59,6 +59,20 @@ def test_the_file_is_empty_0666_whatever_the_umask(tmp_path: Path) -> None:
     assert create_message_file(tmp_path / uid, "app") != path
 
 
+def test_the_file_in_a_pod_directory_made_before(tmp_path: Path) -> None:
+    # As a sandbox record makes it: the containers' directories are made under it.
+    pod = tmp_path / uuid.uuid4().hex
+    pod.mkdir(mode=0o700)
+    first = create_message_file(pod, "app")
+    second = create_message_file(pod, "sidecar")
+    again = create_message_file(pod, "app")
+    assert first is not None and second is not None and again is not None
+    assert Path(first).parent == Path(again).parent == pod / "containers" / "app"
+    assert Path(second).parent == pod / "containers" / "sidecar"
+    assert all(Path(p).stat().st_size == 0 for p in (first, second, again))
+    assert stat.S_IMODE(pod.stat().st_mode) == 0o700  # left as it was
+
+
 def test_the_file_cannot_be_made(tmp_path: Path) -> None:
     (tmp_path / "pod").write_text("a file where the pod's directory should be")
     assert create_message_file(tmp_path / "pod", "app") is None
