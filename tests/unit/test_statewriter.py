@@ -175,3 +175,41 @@ async def test_an_unsynced_write_returns_without_waiting_for_its_batch_to_be_dur
     await writer.write(tmp_path / "other" / "c.json", {"n": 2})
     assert str(tmp_path / "other" / "sandbox.json") in fsyncs.paths
     await asyncio.to_thread(writer.close)
+
+
+def test_a_batch_whose_loop_has_closed_still_writes_its_durable_files(tmp_path: Path) -> None:
+    # The agent stopped (its loop closed) while a batch was on the disk: nobody is left to tell
+    # that the unsynced file is in place, and the durable one is written all the same.
+    release = threading.Event()
+
+    def held() -> dict[str, str]:
+        release.wait(30)
+        return {"id": "s"}
+
+    writer = StateWriter()
+    loop = asyncio.new_event_loop()
+
+    async def queue_and_stop() -> None:
+        writes = [
+            asyncio.ensure_future(
+                writer.write(
+                    tmp_path / "other" / "sandbox.json", held, make_dir=True, durable=False
+                )
+            ),
+            asyncio.ensure_future(
+                writer.write(tmp_path / "pod" / "c.json", {"n": 1}, make_dir=True)
+            ),
+        ]
+        await asyncio.sleep(0.2)  # the batch is in the writer's thread, held
+        for task in asyncio.all_tasks() - {asyncio.current_task()}:
+            task.cancel()
+        await asyncio.gather(*writes, return_exceptions=True)
+
+    try:
+        loop.run_until_complete(queue_and_stop())
+    finally:
+        loop.close()
+    release.set()
+    writer.close()  # waits for the thread
+    assert json.loads((tmp_path / "other" / "sandbox.json").read_text()) == {"id": "s"}
+    assert json.loads((tmp_path / "pod" / "c.json").read_text()) == {"n": 1}

@@ -23,6 +23,7 @@ API pods their sandbox records waited 106 ms at the median for other pods' fsync
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -131,7 +132,10 @@ class StateWriter:
             # From the writer's thread; the loop runs it before the part's own end (both are
             # call_soon_threadsafe from that thread, in this order).
             def tell(errors: list[OSError | None]) -> None:
-                loop.call_soon_threadsafe(self._placed, part, list(errors))
+                # A loop closed meanwhile (the agent stopped) has no writer left to tell, and
+                # the part's durable files are still written.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._placed, part, list(errors))
 
             return tell
 
