@@ -138,7 +138,8 @@ def summary(labels: list[str], runs: dict[str, list[Round]]) -> list[str]:
 
 
 def parse_arm(text: str, index: int) -> tuple[str, str]:
-    """`label=ARM` or `ARM` (labelled by itself, or by its position if it is a path)."""
+    """`label=ARM`, or `ARM` labelled by itself (a path by its last component); an empty
+    label is the arm's position."""
     label, sep, arm = text.partition("=")
     if not sep:
         arm = text
@@ -167,7 +168,11 @@ def export(arm: str, scratch: Path, index: int) -> Path:
         ["git", "-C", str(ROOT), "archive", rev.stdout.strip(), "pykubelet"],
         stdout=subprocess.PIPE,
     )
-    subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
+    assert archive.stdout is not None
+    try:
+        subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
+    finally:
+        archive.stdout.close()
     if archive.wait() != 0:
         raise SystemExit(f"{arm}: git archive failed")
     return tree
@@ -196,7 +201,10 @@ def run_arm(arm: Arm, scenario: str, pods: int, env: dict[str, str]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ab",
+        description="Versions of the agent alternated on one scenario, with a sign test.",
+    )
     parser.add_argument("arms", nargs="*", metavar="ARM")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--pods", type=int, default=1000)
@@ -211,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if len(args.arms) < 2:
         parser.error("two arms or more")
+    if args.rounds < 1 or args.pods < 1:
+        parser.error("--rounds and --pods: 1 or more")
     env = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="pykubelet-ab-") as tmp:
         scratch = Path(tmp)
