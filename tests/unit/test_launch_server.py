@@ -39,17 +39,18 @@ def state_of(pid: int) -> str:
 
 
 def servers() -> list[int]:
-    """This process's launch servers."""
+    """This process's launch servers (given the pods directory, as the spawn servers are not)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            server = any(a.endswith(b"/launchserver_main.py") for a in argv)
+            at = next(i for i, a in enumerate(argv) if a.endswith(b"/launchserver_main.py"))
+            server = len([a for a in argv[at + 1 :] if a]) == 3  # FD AGENT_PID PODS_DIR
             if server and parent_of(int(entry)) == os.getpid():
                 found.append(int(entry))
-        except (OSError, IndexError, ValueError):
+        except (OSError, IndexError, ValueError, StopIteration):
             continue
     return found
 

@@ -30,7 +30,7 @@ async def test_started_and_died_events(tmp_path: Path) -> None:
     try:
         sandbox = await runtime.run_sandbox(pod())
         config = ContainerConfig(
-            "c", "i", ["/bin/sh", "-c", "sleep 0.2"], [], [], None, 0, "h", "IfNotPresent"
+            "c", "i", ["/bin/sh", "-c", "sleep 1"], [], [], None, 0, "h", "IfNotPresent"
         )
         await runtime.start_container(pod(), sandbox, config)
         first = await asyncio.wait_for(pleg.events.get(), 5)

@@ -10,9 +10,18 @@ Over SOCKET_FD (a SOCK_SEQPACKET socket, one message a request, served in order)
       and the mount trees the agent cloned (each mount's "tree" indexes them)
       -> ("launched", pid): the child runs in a new session, as launcher.py's `run_launch` (or
       is the container itself, below);
+  ("spawn", marker, sandbox_record, log_path, argv, env, cwd), no fds -> ("spawned", pid), or
+      ("failed", stage, errno, strerror, filename) with stage "marker", "cwd", "log", "exec"
+      or "value": a plain container (no launcher, stdin or terminal) started as the agent's
+      own thread starts one (starts.py): its start marker (a hard link to the sandbox record),
+      its log's directory and file, then posix_spawn in its own session, stdin /dev/null and
+      its output appended to the log (spawnserver.py asks, from the agent's event loop);
   ("reap", pid) -> ("reaped", wait status or None): the server's child waited for, once the
       agent saw it exit (through a pidfd) and killed its group: until then the zombie keeps its
       pid, as for the agent's own children.
+  ("kill", pid) -> ("reaped", wait status or None): a child of the server's that must not go
+      on (its start was cancelled): its group killed, then waited for.
+A request longer than REQUEST_BYTES is refused, not read in part.
 The server dies with the agent (PR_SET_PDEATHSIG); its children, the containers, run on.
 
 Given PODS_DIR and a kernel with open_tree, the server runs in a mount namespace of its own: the
@@ -33,6 +42,7 @@ failure is reported on the error pipe as a launcher's, by a child that exits at 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import marshal
 import os
@@ -64,6 +74,9 @@ if not TYPE_CHECKING:
     posixspawn = _sibling("posixspawn")
 
 PR_SET_PDEATHSIG = 1
+REQUEST_BYTES = 65536
+LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+ENOENT, ENOTDIR = 2, 20  # errno's, without importing errno
 LAUNCH_CALLS = ("unshare", "mount", "umount2", "syscall", "prctl", "setns")
 SIGKILL = 9
 LAUNCH_FDS = 4
@@ -170,6 +183,49 @@ def _spawn_in_namespace(config: dict[str, Any], fds: list[int], home: int, ignor
             _astray = True
 
 
+def _failed(stage: str, e: OSError) -> tuple[Any, ...]:
+    return ("failed", stage, e.errno, e.strerror, e.filename)
+
+
+def _spawn_plain(request: tuple[Any, ...], stdin: int) -> tuple[Any, ...]:
+    """A "spawn" request answered (above), in the order starts.py's plain route takes: the
+    marker, the log's directory, the working directory looked at, the log file, the spawn."""
+    _, marker, sandbox, log_path, argv, env, cwd = request
+    try:
+        try:
+            os.link(sandbox, marker)  # no new inode (starts.py says why)
+        except FileExistsError:
+            pass
+        except OSError:
+            os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    except OSError as e:
+        return _failed("marker", e)
+    log_dir = os.path.dirname(log_path)
+    with contextlib.suppress(OSError):  # the log file's open below says why
+        os.makedirs(log_dir, mode=0o700, exist_ok=True)
+    if not os.path.isdir(cwd):
+        return ("failed", "cwd", 0, "", cwd)
+    try:
+        try:
+            log_fd = os.open(log_path, LOG_FLAGS, 0o600)
+        except FileNotFoundError:
+            os.makedirs(log_dir, mode=0o700, exist_ok=True)
+            log_fd = os.open(log_path, LOG_FLAGS, 0o600)
+    except OSError as e:
+        return _failed("log", e)
+    try:
+        pid = posixspawn.spawn_process(str(argv[0]), argv, env, cwd, stdin, log_fd)
+    except OSError as e:
+        if e.errno in (ENOENT, ENOTDIR) and not os.path.isdir(cwd):
+            e.filename = cwd  # the chdir failed: the directory went after the look above
+        return _failed("exec", e)
+    except ValueError as e:  # a NUL byte, or "=" in a variable name
+        return ("failed", "value", 0, str(e), None)
+    finally:
+        os.close(log_fd)
+    return ("spawned", pid)
+
+
 def _inherited_ignores() -> int:
     """The signals this server was started with ignored (as /proc's SigIgn mask), less SIGPIPE
     and SIGXFSZ, which Python ignores: what a forked launcher's exec keeps (`restore_signals`),
@@ -190,6 +246,17 @@ def _wait_status(pid: int) -> int | None:
     return status if waited == pid else None
 
 
+def _killed(pid: int) -> int | None:
+    """Its group SIGKILLed (a spawned child leads its own session), then waited for."""
+    if pid > 1:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, SIGKILL)
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return None
+
+
 def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
     launcher.prctl("server", "cannot follow the agent's death", PR_SET_PDEATHSIG, SIGKILL)
     if os.getppid() != agent_pid:
@@ -203,8 +270,12 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
         getattr(libc, name)  # looked up once here, not in every launcher
     spawnable_here = posixspawn.available()
     ignores = _inherited_ignores()  # as the server was started: read once
+    # The stdin of the containers it spawns plainly, as the agent's own (spawn.null_stdin).
+    null_stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     while True:
-        data, fds, _, _ = socket.recv_fds(server, 4096, LAUNCH_FDS + launcher.MAX_TREES)
+        data, fds, flags, _ = socket.recv_fds(
+            server, REQUEST_BYTES, LAUNCH_FDS + launcher.MAX_TREES
+        )
         if not data:
             os._exit(0)  # the agent closed its end: it stops
         for fd in fds:
@@ -213,8 +284,14 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
             os.set_inheritable(fd, False)
         reply: tuple[Any, ...]
         try:
-            request = marshal.loads(data)
-            if request[0] == "launch" and len(fds) >= LAUNCH_FDS:
+            request: tuple[Any, ...] = (
+                marshal.loads(data) if not flags & socket.MSG_TRUNC else ("too long",)
+            )
+            if request[0] == "too long":
+                reply = ("error", f"a request longer than {REQUEST_BYTES} bytes")
+            elif request[0] == "spawn" and len(request) == 7:
+                reply = _spawn_plain(request, null_stdin)
+            elif request[0] == "launch" and len(fds) >= LAUNCH_FDS:
                 config = marshal.loads(launcher.read_all(fds[0], close=False))
                 config["pods_detached"] = pods_detached
                 if spawnable_here and spawnable(config):
@@ -223,9 +300,11 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
                     reply = ("launched", _forked_launch(config, fds, socket_fd))
             elif request[0] == "reap":
                 reply = ("reaped", _wait_status(int(request[1])))
+            elif request[0] == "kill":
+                reply = ("reaped", _killed(int(request[1])))
             else:
                 reply = ("error", f"not a request: {request!r:.200} with {len(fds)} fds")
-        except (OSError, ValueError, EOFError) as e:
+        except (OSError, ValueError, EOFError, IndexError, TypeError) as e:
             reply = ("error", f"{type(e).__name__}: {e}")
         finally:
             for fd in fds:

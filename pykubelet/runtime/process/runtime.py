@@ -200,6 +200,9 @@ class ProcessRuntime:
         except OSError as e:  # only slower starts: each launcher detaches volumes one by one
             log.warning("cannot make %s a mount of its own: %s", self._volumes_dir, e)
         self._loop = asyncio.get_running_loop()
+        # Started now, in the background: the first burst's starts would otherwise wait for
+        # their Python to start (spawnserver.py).
+        self._launcher.start_spawn_servers()
         self._changed()
         for item in loaded:
             self._pods[item.pod.uid] = item.pod
@@ -243,6 +246,7 @@ class ProcessRuntime:
             # Exits already seen still reach their state files.
             await asyncio.gather(*self._tasks, return_exceptions=True)
         # Its children run on: reaped by init once it is gone, as after an agent's SIGKILL.
+        self._launcher.detach()
         await asyncio.to_thread(self._launcher.close)
         await asyncio.to_thread(self._state.close)
         self._pods.clear()

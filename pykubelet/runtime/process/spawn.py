@@ -21,8 +21,9 @@ What this module promises:
 - processes get a small fixed environment (`container_env`), never the agent's; the launcher,
   which runs as root, gets only PATH.
 
-A plain container's fork+exec runs in a worker thread by posix_spawn, which lets the GIL go
-(`spawn_prepared`, posixspawn.py); one with stdin or a terminal is fork+exec'd on the event
+A plain container is started by a spawn server (spawnserver.py); where none answers, its
+fork+exec runs in a worker thread by posix_spawn, which lets the GIL go (`spawn_prepared`,
+posixspawn.py); one with stdin or a terminal is fork+exec'd on the event
 loop, as asyncio's own subprocess support does (it returns as soon as the child has exec'd); a
 launcher is forked by the launch server or, started afresh, in a pool thread, and waiting for
 its report is asynchronous.
@@ -257,10 +258,10 @@ def _watched(pid: int, with_start_time: bool = True) -> tuple[int, int, int]:
 
 async def reap_exited(pid: int, pidfd: int, server: LaunchServer | None) -> int | None:
     """The Kubernetes exit code of the exited process `pid` (behind `pidfd`), if it can be
-    known: the agent's own child is waited for here, the launch server's child by the server
-    (a round trip in the server's thread)."""
+    known: the agent's own child is waited for here, a launch or spawn server's child by its
+    server."""
     if server is not None and server.owns(pid):
-        return exit_code(await server.call(server.reap, pid))
+        return exit_code(await server.reap_child(pid))
     return reap(pidfd)
 
 

@@ -1,8 +1,10 @@
 """A container's process started, by the route its configuration needs (the process runtime's
 `start_container` records it).
 
-- plain (no launcher, stdin or terminal): the start marker, the log's directory and file, the
-  fork+exec (posix_spawn without the interpreter lock) and the pidfd in one thread hop;
+- plain (no launcher, stdin or terminal): asked of a spawn server from the loop (the start
+  marker, the log's directory and file and the fork+exec in that process), the pidfd opened
+  here; without a server, all of it in one thread hop (posix_spawn without the interpreter
+  lock);
 - through the launch server, without cgroups of its own, stdin or terminal (a pod with volumes):
   the marker and the log's directory in the launch's own thread hop, before the fork;
 - with cgroups, stdin or a terminal: the marker and the log's directory in a thread hop, then the
@@ -32,16 +34,25 @@ from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.attach import ContainerStdio
 from pykubelet.runtime.process.cgroups import Cgroups, Settings
 from pykubelet.runtime.process.launchserver import LaunchServer
+from pykubelet.runtime.process.processes import kill_tagged
 from pykubelet.runtime.process.records import SANDBOX_FILE
 from pykubelet.runtime.process.spawn import (
     Stdio,
+    exec_error,
     open_log,
+    os_reason,
     settle,
     spawn,
     spawn_launched,
     spawn_prepared,
     spawns_unlocked,
     state_write_error,
+)
+from pykubelet.runtime.process.spawnserver import (
+    RequestTooLarge,
+    ServerLost,
+    ServerUnavailable,
+    SpawnFailed,
 )
 
 log = logging.getLogger(__name__)
@@ -95,6 +106,20 @@ def _prepare_start(marker: Path, log_path: Path, with_log: bool, cwd: str) -> in
         return None  # spawn tries again and says why, naming the log file
 
 
+def _start_error(failed: SpawnFailed, start: Start) -> Exception:
+    """A spawn server's failure, as the start in a thread here words it (`_spawn_plain_here`)."""
+    program, cwd, error = start.argv[0], start.cwd, failed.error
+    if failed.stage == "cwd":
+        return StartError("RunContainerError", f'the working directory "{cwd}" does not exist')
+    if isinstance(error, str):  # "value": a NUL byte, or "=" in a variable name
+        return StartError("CreateContainerConfigError", f"cannot start {program!r}: {error}")
+    if failed.stage == "log":
+        return StartError("CreateContainerError", f"cannot create the log file: {os_reason(error)}")
+    if failed.stage == "exec":
+        return exec_error(program, cwd, error)
+    return state_write_error(error)  # the marker's
+
+
 def _close_opened(done: asyncio.Future[int | None]) -> None:
     if not done.cancelled() and done.exception() is None:
         fd = done.result()
@@ -131,9 +156,44 @@ class ContainerStarts:
         return await self._spawn_with(start)
 
     async def _spawn_plain(self, start: Start) -> Spawned:
-        """The common start: no launcher, no stdin, no terminal. The marker, the log's
-        directory and file, the fork+exec and the pidfd in one thread hop, the fork+exec
-        without the GIL (spawn_prepared). Its start time is read with the state file."""
+        """The common start: no launcher, no stdin, no terminal. Asked of a spawn server from
+        the loop (spawnserver.py): the marker, the log's directory and file and the fork+exec
+        in that process, the pidfd opened here. Where no server answers, or the command and
+        its environment do not fit in one request, in a thread hop of the agent's own. Its
+        start time is read with the state file."""
+        starting = start.starting
+        try:
+            pid = await self._launcher.spawn_plain(
+                str(starting),
+                str(starting.with_name(SANDBOX_FILE)),
+                str(start.log_path),
+                start.argv,
+                start.env,
+                start.cwd,
+            )
+        except RequestTooLarge:
+            return await self._spawn_plain_here(start)
+        except ServerUnavailable as e:
+            if isinstance(e, ServerLost):
+                # It may have started the container before it died: never run it twice.
+                await asyncio.to_thread(kill_tagged, start.container_id)
+            return await self._spawn_plain_here(start)
+        except BaseException as e:
+            await asyncio.to_thread(statefile.remove, starting)
+            if isinstance(e, SpawnFailed):
+                raise _start_error(e, start) from None
+            raise
+        try:
+            pidfd = lockedio.pidfd_open(pid)
+        except OSError as e:
+            await self._launcher.kill_child(pid)
+            await asyncio.to_thread(statefile.remove, starting)
+            raise RuntimeFailure(f"cannot watch process {pid} ({e}); it was killed") from e
+        return Spawned(pid, pidfd, 0, False, None)
+
+    async def _spawn_plain_here(self, start: Start) -> Spawned:
+        """A plain start in the agent: the marker, the log's directory and file, the fork+exec
+        and the pidfd in one thread hop, the fork+exec without the GIL (spawn_prepared)."""
         starting, log_path, cwd = start.starting, start.log_path, start.cwd
         prepare = functools.partial(_prepare_start, starting, log_path, True, cwd)
         try:

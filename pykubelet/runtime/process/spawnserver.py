@@ -1,0 +1,390 @@
+"""Plain containers (no launcher, stdin or terminal) started by servers of their own, asked from
+the event loop itself: the agent's side of launchserver_main.py's "spawn" request.
+
+Started in a thread of the agent's, a plain container cost a thread hop (a pool thread woken,
+the interpreter lock taken back after each of its system calls, the loop woken again), and its
+start marker, log directory and log file were new inodes made by the agent's own process: in a
+burst the pool's threads and the loop took the lock in turn, and a start waited 25 ms for its
+thread at the median (bench/HISTORY.md, session 25). Here a start is one message written from
+the loop and one answer read there; the servers, processes of their own, do the files and the
+spawn on the machine's other core.
+
+What this module promises:
+
+- `SpawnServers.spawn` returns the pid of the container's process, started as starts.py's
+  plain route starts one in a thread (the marker, the log's directory and file, the spawn in
+  its own session with stdin /dev/null and its output appended to the log), or raises
+  `SpawnFailed` saying at which step and why (which the caller words as that route does),
+  `ServerUnavailable` when no server answered and nothing was done (`ServerLost` when the
+  server died with the request in flight: what it may have started is the caller's to kill,
+  by its tag) and `RequestTooLarge` for a request no message carries; in those cases the
+  caller starts the container itself;
+- requests are sent as they come, never waiting for the previous answer (each server answers
+  in order), to the first server with none in flight, else the one with the fewest; there
+  are SPAWN_SERVERS servers, started by `start_all` before the first start (or by the first
+  request that finds one not running);
+- the servers' children are not the agent's: `owns` tells them apart and `reap` gets the wait
+  status of one that exited from its server, which waits for it only then (its zombie keeps
+  the pid meanwhile, as the agent's own children's do);
+- `detach` (on the loop) stops reading the servers and fails what is in flight; `close` (in a
+  thread) then waits for the servers to exit. The containers run on, reaped by init.
+
+A server is started from a thread of this object's own, which lives until `close`: the server's
+PR_SET_PDEATHSIG follows the thread that started it, not the agent's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import marshal
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Two: each answers in order, about a spawn's time apiece (0.7-1 ms here), and the machine has
+# two cores; three measured no better (bench/HISTORY.md, session 26).
+SPAWN_SERVERS = 2
+# The longest request: launchserver_main.REQUEST_BYTES, which reads no more of one.
+REQUEST_BYTES = 65536
+
+
+# After a server could not be started, the starts go without one for this long.
+RETRY_SECONDS = 60.0
+
+
+STOPPING = "the agent stops"
+
+
+class ServerUnavailable(Exception):
+    """No spawn server answered, and the request did nothing: the caller starts the container
+    itself."""
+
+
+class ServerLost(ServerUnavailable):
+    """The server died, or was given up, with the request in flight: it may have started the
+    container, which the caller must kill (by its tag) before starting it again."""
+
+
+class SpawnFailed(Exception):
+    """The server could not start the container: `stage` says where (launchserver_main.py's
+    "marker", "cwd", "log", "exec" or "value"), `error` the OSError, or the reason."""
+
+    def __init__(self, stage: str, error: OSError | str) -> None:
+        super().__init__(stage, error)
+        self.stage = stage
+        self.error = error
+
+
+class RequestTooLarge(Exception):
+    """The container's command and environment do not fit in one request."""
+
+
+class SpawnServers:
+    """Up to `servers` spawn servers (launchserver_main.py processes), asked from the loop."""
+
+    def __init__(
+        self, argv: Sequence[str], env: dict[str, str], servers: int = SPAWN_SERVERS
+    ) -> None:
+        """`argv`: how a server is started (launchserver.SERVER_ARGV), given its socket's fd
+        and the agent's pid after it; `env`: its environment."""
+        self._servers = [_Server(argv, env) for _ in range(max(1, servers))]
+        self._thread: ThreadPoolExecutor | None = None
+        self._prestarts: set[asyncio.Future[None]] = set()
+
+    def owns(self, pid: int) -> bool:
+        return any(pid in server.children for server in self._servers)
+
+    def start_all(self) -> None:
+        """Every server started now, in the background (on the loop): a burst's first starts
+        then do not wait for a server's Python to start (tens of ms in a burst here). One that
+        cannot start says so once, and the starts go without it."""
+        for server in self._servers:
+            task = asyncio.ensure_future(server.started(self._start))
+            self._prestarts.add(task)
+            task.add_done_callback(self._prestarted)
+
+    def _prestarted(self, task: asyncio.Future[None]) -> None:
+        self._prestarts.discard(task)
+        if not task.cancelled():
+            task.exception()  # ServerUnavailable: said by `started`, and left to the starts
+
+    async def spawn(
+        self,
+        marker: str,
+        sandbox_record: str,
+        log_path: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+    ) -> int:
+        """The container's pid (above); its pidfd is the caller's to open. A caller cancelled
+        meanwhile waits for the answer, and what was started is killed and reaped first."""
+        request = marshal.dumps(("spawn", marker, sandbox_record, log_path, argv, env, cwd))
+        if len(request) > REQUEST_BYTES:
+            raise RequestTooLarge(f"{len(request)} bytes")
+        server = self._least_busy()
+        await server.started(self._start)
+        sent = server.send(request)
+        try:
+            answer = await asyncio.shield(sent)
+        except asyncio.CancelledError:
+            await _settled(sent)
+            if not sent.cancelled() and sent.exception() is None and sent.result()[0] == "spawned":
+                pid = int(sent.result()[1])
+                server.children.add(pid)
+                await _settled(asyncio.ensure_future(self.kill(pid)))
+            raise
+        if answer[0] == "spawned":
+            pid = int(answer[1])
+            server.children.add(pid)
+            return pid
+        if answer[0] != "failed":
+            raise ServerUnavailable(f"the spawn server refused: {answer[1]!r:.200}")
+        _, stage, number, reason, filename = answer
+        raise SpawnFailed(stage, OSError(number, reason, filename) if number else reason)
+
+    async def reap(self, pid: int) -> int | None:
+        """The wait status of a server's child `pid`, which has exited; None if unknown."""
+        return await self._ask_owner(pid, "reap")
+
+    async def kill(self, pid: int) -> int | None:
+        """A server's child `pid` that must not go on: its group killed, it waited for; its
+        wait status (None if unknown)."""
+        return await self._ask_owner(pid, "kill")
+
+    async def _ask_owner(self, pid: int, what: str) -> int | None:
+        for server in self._servers:
+            if pid in server.children:
+                server.children.discard(pid)
+                try:
+                    answer = await asyncio.shield(server.send(marshal.dumps((what, pid))))
+                except ServerUnavailable as e:
+                    log.warning("cannot learn the exit status of process %d: %s", pid, e)
+                    return None
+                if answer[0] != "reaped":
+                    log.warning("cannot learn the exit status of process %d: %s", pid, answer)
+                    return None
+                return None if answer[1] is None else int(answer[1])
+        return None  # the server that started it is gone, and its status with it
+
+    def detach(self) -> None:
+        """Stop reading the servers (on the loop); what is in flight fails."""
+        for server in self._servers:
+            server.detach(STOPPING)
+
+    def close(self) -> None:
+        """Let the servers go and wait for them (blocks: call it in a thread, after `detach`)."""
+        for server in self._servers:
+            server.stop()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.shutdown(wait=True)
+
+    def _least_busy(self) -> _Server:
+        """The first server with nothing in flight, else the one with the least."""
+        for server in self._servers:
+            if not server.in_flight:
+                return server
+        return min(self._servers, key=lambda server: server.in_flight)
+
+    async def _start(self, server: _Server) -> None:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(len(self._servers), thread_name_prefix="spawn-server")
+        loop = asyncio.get_running_loop()
+        sock = await loop.run_in_executor(self._thread, server.start_process)
+        server.attach(sock, loop)
+
+
+async def _settled(awaitable: asyncio.Future[Any]) -> None:
+    """Waited for through any number of cancellations (the caller re-raises after)."""
+    while not awaitable.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(awaitable)
+
+
+class _Server:
+    """One server process and its socket, read by the loop; its answers come in order."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
+        self._argv = argv
+        self._env = env
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._socket: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._starting: asyncio.Future[None] | None = None
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._unsent: collections.deque[bytes] = collections.deque()
+        self._warned = False  # that it cannot run, said once
+        self._failed_at: float | None = None  # when it last could not be started
+        self._stopped = False  # detached as the agent stops: never read again
+        self.children: set[int] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiting)
+
+    async def started(self, start: Callable[[_Server], Awaitable[None]]) -> None:
+        """Running and read by the loop, started by `start` if it is not (one start for all
+        the requests that find it so)."""
+        if self._socket is not None:
+            return
+        if self._stopped:
+            raise ServerUnavailable(STOPPING)
+        if self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_SECONDS:
+            raise ServerUnavailable("the spawn server could not be started a moment ago")
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(start(self))
+        starting = self._starting
+        try:
+            await asyncio.shield(starting)
+        except OSError as e:
+            self._failed_at = time.monotonic()
+            if not self._warned:
+                self._warned = True
+                log.warning("cannot start a spawn server (%s): the agent spawns its containers", e)
+            raise ServerUnavailable(f"cannot start the spawn server: {e}") from e
+        finally:
+            if self._starting is starting and starting.done():
+                self._starting = None
+        if self._socket is None:
+            raise ServerUnavailable("the spawn server stopped as it started")
+
+    def send(self, request: bytes) -> asyncio.Future[Any]:
+        """The future of the server's answer to `request` (failed with ServerUnavailable if
+        it is not running, or dies first)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        # Retrieved even when its asker was cancelled meanwhile: no "never retrieved" noise.
+        answer.add_done_callback(lambda f: f.cancelled() or f.exception())
+        if self._socket is None:
+            answer.set_exception(ServerUnavailable("the spawn server is gone"))
+            return answer
+        self._waiting.append(answer)
+        self._write(request)
+        return answer
+
+    def start_process(self) -> socket.socket:
+        """The server's process started (in the owner's thread, blocking); our socket to it."""
+        self.stop()  # one that failed before: its process waited for
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [*self._argv, str(theirs.fileno()), str(os.getpid())],
+                # 0 and 1 open, so that no fd it opens takes their place; its stderr is the
+                # agent's, for a traceback should it ever crash.
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                cwd="/",
+                env=self._env,
+                close_fds=True,
+                pass_fds=(theirs.fileno(),),
+            )
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        log.debug("spawn server started (pid %d)", self._proc.pid)
+        return ours
+
+    def attach(self, sock: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+        """Its answers read by `loop` from now on (on the loop); closed at once if the agent
+        stopped while it started (the server exits at the EOF)."""
+        if self._stopped:
+            sock.close()
+            return
+        self._loop = loop
+        self._socket = sock
+        loop.add_reader(sock.fileno(), self._readable)
+
+    def _write(self, request: bytes) -> None:
+        assert self._socket is not None and self._loop is not None
+        if not self._unsent:
+            try:
+                self._socket.send(request)
+                return
+            except BlockingIOError:
+                self._loop.add_writer(self._socket.fileno(), self._writable)
+            except OSError as e:
+                self.detach(f"cannot write to it: {e}")
+                return
+        self._unsent.append(request)
+
+    def _writable(self) -> None:
+        assert self._socket is not None and self._loop is not None
+        while self._unsent:
+            try:
+                self._socket.send(self._unsent[0])
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self.detach(f"cannot write to it: {e}")
+                return
+            self._unsent.popleft()
+        self._loop.remove_writer(self._socket.fileno())
+
+    def _readable(self) -> None:
+        while self._socket is not None:
+            try:
+                data = self._socket.recv(4096)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self.detach(f"cannot read from it: {e}")
+                return
+            if not data or not self._waiting:
+                self.detach("it closed its socket" if not data else "it answered unasked")
+                return
+            answer = self._waiting.popleft()
+            try:
+                result = marshal.loads(data)
+            except (ValueError, EOFError) as e:
+                answer.set_exception(ServerUnavailable(f"an answer that cannot be read: {e}"))
+                continue
+            if not answer.done():
+                answer.set_result(result)
+
+    def detach(self, why: str) -> None:
+        """The socket closed and every request in flight failed (the server exits on EOF);
+        its children are init's once it is gone."""
+        self._stopped = self._stopped or why == STOPPING
+        sock, self._socket = self._socket, None
+        if sock is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(sock.fileno())
+            if self._unsent:
+                self._loop.remove_writer(sock.fileno())
+            sock.close()
+            if not self._stopped:
+                log.warning("the spawn server failed (%s); it starts again at the next start", why)
+                if self._proc is not None:
+                    # Nothing more of what was asked: the caller kills what it may have started.
+                    with contextlib.suppress(OSError):
+                        self._proc.kill()
+        self._unsent.clear()
+        waiting, self._waiting = self._waiting, collections.deque()
+        for answer in waiting:
+            if not answer.done():
+                answer.set_exception(ServerLost(f"the spawn server failed: {why}"))
+        self.children.clear()
+
+    def stop(self) -> None:
+        """Wait for the process (blocks), once `detach` closed its socket."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

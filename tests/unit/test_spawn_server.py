@@ -1,0 +1,239 @@
+"""The spawn servers: plain containers started by a server process asked from the event loop,
+requests pipelined and each answer reaching its own caller; the files a start makes, its
+failures told step by step, a caller cancelled never leaving a process behind, and a server
+that dies with requests in flight (they fail as lost) started again at the next one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from pykubelet.runtime.process.launchserver import SERVER_ARGV
+from pykubelet.runtime.process.spawnserver import (
+    REQUEST_BYTES,
+    RequestTooLarge,
+    ServerLost,
+    ServerUnavailable,
+    SpawnFailed,
+    SpawnServers,
+)
+from tests.unit.test_process_runtime import gone, kill_quietly, wait_until
+
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def state_of(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def children_of_servers() -> list[int]:
+    """The live children of this process's spawn servers (what a test left running)."""
+    servers, children = set(), []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            if b"launchserver_main.py" in cmdline and parent_of(int(entry)) == os.getpid():
+                servers.add(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if parent_of(int(entry)) in servers:
+                children.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    return children
+
+
+class Pod:
+    """A pod's directory with its sandbox record, and where a container's files go."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "pod"
+        self.dir.mkdir()
+        self.record = self.dir / "sandbox.json"
+        self.record.write_text("{}")
+        self.logs = root / "logs"
+
+    def args(
+        self, name: str, argv: list[str], cwd: str = "/"
+    ) -> tuple[str, str, str, list[str], dict[str, str], str]:
+        """`SpawnServers.spawn`'s arguments for container `name`."""
+        marker = str(self.dir / f"{name}.starting")
+        log = str(self.logs / name / "0.log")
+        return (marker, str(self.record), log, argv, {**ENV, "NAME": name}, cwd)
+
+
+@pytest.fixture
+async def spawns() -> AsyncIterator[SpawnServers]:
+    servers = SpawnServers(SERVER_ARGV, ENV)
+    try:
+        yield servers
+    finally:
+        for pid in children_of_servers():
+            kill_quietly(pid)
+        servers.detach()
+        await asyncio.to_thread(servers.close)
+
+
+async def test_a_container_is_started_with_its_files_and_its_exit_is_known(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    pod = Pod(tmp_path)
+    pid = await spawns.spawn(*pod.args("a", ["/bin/sh", "-c", "echo out; echo err >&2; exit 3"]))
+    assert spawns.owns(pid) and parent_of(pid) != os.getpid()  # the server's child
+    marker = pod.dir / "a.starting"
+    assert marker.exists() and os.path.samefile(marker, pod.record)  # a link: no new inode
+    await wait_until(lambda: state_of(pid) == "Z", "the container to exit")  # kept until reaped
+    status = await spawns.reap(pid)
+    assert status is not None and os.waitstatus_to_exitcode(status) == 3
+    assert not spawns.owns(pid)
+    assert (pod.logs / "a" / "0.log").read_text() == "out\nerr\n"
+    assert oct((pod.logs / "a").stat().st_mode & 0o777) == "0o700"
+
+
+async def test_a_container_leads_its_session_with_stdin_from_dev_null(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    pod = Pod(tmp_path)
+    script = "readlink /proc/self/fd/0; cat; cut -d' ' -f6 /proc/$$/stat; echo $$; exec sleep 60"
+    pid = await spawns.spawn(*pod.args("s", ["/bin/sh", "-c", script]))
+    log = pod.logs / "s" / "0.log"
+    await wait_until(lambda: log.read_text().count("\n") >= 3, "the container's lines")
+    stdin, sid, own = log.read_text().split()
+    assert (stdin, int(sid), int(own)) == ("/dev/null", pid, pid)
+
+
+async def test_requests_in_flight_together_each_get_their_own_answer(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    pod = Pod(tmp_path)
+    argvs = [["sleep", f"60.{i:03d}"] for i in range(40)]
+    pids = await asyncio.gather(
+        *(spawns.spawn(*pod.args(f"c{i}", argv)) for i, argv in enumerate(argvs))
+    )
+    for pid, argv in zip(pids, argvs, strict=True):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        assert [a.decode() for a in cmdline] == argv
+    parents = {parent_of(pid) for pid in pids}
+    assert 1 <= len(parents) <= 2  # at most SPAWN_SERVERS servers
+
+
+async def test_each_failure_says_at_which_step_and_why(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    pod = Pod(tmp_path)
+    with pytest.raises(SpawnFailed) as missing:
+        await spawns.spawn(*pod.args("a", ["no-such-program-here"]))
+    assert missing.value.stage == "exec" and isinstance(missing.value.error, FileNotFoundError)
+
+    with pytest.raises(SpawnFailed) as no_cwd:
+        await spawns.spawn(*pod.args("b", ["true"], cwd=str(tmp_path / "gone")))
+    assert no_cwd.value.stage == "cwd"
+
+    (pod.logs / "c").mkdir(parents=True)
+    (pod.logs / "c" / "0.log").mkdir()  # a directory where the log file goes
+    with pytest.raises(SpawnFailed) as no_log:
+        await spawns.spawn(*pod.args("c", ["true"]))
+    assert no_log.value.stage == "log" and isinstance(no_log.value.error, IsADirectoryError)
+
+    marker, record, log, argv, env, cwd = pod.args("d", ["true"])
+    with pytest.raises(SpawnFailed) as bad_env:
+        await spawns.spawn(marker, record, log, argv, {"A=B": "c"}, cwd)
+    assert (bad_env.value.stage, bad_env.value.error) == (
+        "value",
+        "illegal environment variable name",
+    )
+
+    with pytest.raises(SpawnFailed) as no_marker:
+        await spawns.spawn(str(tmp_path / "none" / "e.starting"), record, log, argv, env, cwd)
+    assert no_marker.value.stage == "marker"
+    assert isinstance(no_marker.value.error, FileNotFoundError)
+
+
+async def test_a_request_too_long_for_one_message_is_refused_before_it_is_sent(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    pod = Pod(tmp_path)
+    marker, record, log, argv, _, cwd = pod.args("a", ["true"])
+    with pytest.raises(RequestTooLarge):
+        await spawns.spawn(marker, record, log, argv, {"BIG": "x" * REQUEST_BYTES}, cwd)
+    assert not Path(marker).exists()
+
+
+async def test_a_cancelled_caller_leaves_no_process_behind(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    pod = Pod(tmp_path)
+    await spawns.spawn(*pod.args("warm", ["true"]))  # the server runs: the next request is sent
+    marker = "sleep 60.424242"
+    task = asyncio.ensure_future(spawns.spawn(*pod.args("a", marker.split())))
+    await asyncio.sleep(0)  # sent: the server is spawning it
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    def running() -> list[int]:
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if (
+                cmdline == marker.replace(" ", "\0").encode() + b"\0"
+                and state_of(int(entry)) != "Z"
+            ):
+                found.append(int(entry))
+        return found
+
+    assert running() == []
+
+
+async def test_a_server_that_dies_fails_what_is_in_flight_and_starts_again(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    pod = Pod(tmp_path)
+    first = await spawns.spawn(*pod.args("a", ["sleep", "60"]))
+    server = parent_of(first)
+    os.kill(server, signal.SIGSTOP)  # requests sent to it now wait
+    try:
+        waiting = asyncio.ensure_future(spawns.spawn(*pod.args("b", ["sleep", "61"])))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+    finally:
+        os.kill(server, signal.SIGKILL)
+    with pytest.raises(ServerLost):
+        await waiting
+    assert isinstance(ServerLost("x"), ServerUnavailable)
+    # What it had started runs on, its exit code now unknown (init's child).
+    await wait_until(lambda: parent_of(first) != server, "the container to be reparented")
+    assert await spawns.reap(first) is None
+    again = await spawns.spawn(*pod.args("c", ["sleep", "62"]))
+    assert parent_of(again) != server
+    kill_quietly(first)
+    await wait_until(lambda: gone(first), "the first container to go")
+
+
+async def test_a_server_that_cannot_start_is_not_tried_again_at_once(tmp_path: Path) -> None:
+    spawns = SpawnServers([str(tmp_path / "no-such-python")], ENV)
+    pod = Pod(tmp_path)
+    try:
+        with pytest.raises(ServerUnavailable) as first:
+            await spawns.spawn(*pod.args("a", ["true"]))
+        assert "cannot start the spawn server" in str(first.value)
+        with pytest.raises(ServerUnavailable) as second:
+            await spawns.spawn(*pod.args("b", ["true"]))
+        assert "a moment ago" in str(second.value)
+    finally:
+        spawns.detach()
+        await asyncio.to_thread(spawns.close)
