@@ -69,47 +69,29 @@ class LaunchServer:
     starts its containers one by one keeps a single server)."""
 
     def __init__(
-        self, env: dict[str, str], servers: int = LAUNCH_SERVERS, pods_dir: str | None = None
+        self,
+        env: dict[str, str],
+        servers: int = LAUNCH_SERVERS,
+        pods_dir: str | None = None,
+        spawns: SpawnServers | None = None,
     ) -> None:
         """`pods_dir`: where the pods' volumes are mounted, which the servers' own mount
-        namespace leaves out (launcher.py)."""
+        namespace leaves out (launcher.py). `spawns`: the plain containers' servers, whose
+        children `owns` and `reap_child` answer for too (spawnserver.py); their owner starts
+        and stops them."""
         self._servers = [_Server(env, pods_dir) for _ in range(max(1, servers))]
         self._thread: ThreadPoolExecutor | None = None
-        # Plain containers' servers, in the agent's own mount namespace (spawnserver.py).
-        self._spawns = SpawnServers(SERVER_ARGV, env)
+        self._spawns = spawns
 
     def owns(self, pid: int) -> bool:
-        return any(server.owns(pid) for server in self._servers) or self._spawns.owns(pid)
-
-    async def spawn_plain(
-        self,
-        marker: str,
-        sandbox_record: str,
-        log_path: str,
-        argv: list[str],
-        env: dict[str, str],
-        cwd: str,
-    ) -> int:
-        """A plain container started by a spawn server (`SpawnServers.spawn`); its pid."""
-        return await self._spawns.spawn(marker, sandbox_record, log_path, argv, env, cwd)
-
-    def start_spawn_servers(self) -> None:
-        """The spawn servers started in the background (on the loop), before any start."""
-        self._spawns.start_all()
-
-    async def kill_child(self, pid: int) -> None:
-        """A spawn server's child `pid` that must not go on: killed and reaped."""
-        await self._spawns.kill(pid)
+        spawned = self._spawns is not None and self._spawns.owns(pid)
+        return spawned or any(server.owns(pid) for server in self._servers)
 
     async def reap_child(self, pid: int) -> int | None:
         """The wait status of any server's child `pid`, which has exited; None if unknown."""
-        if self._spawns.owns(pid):
+        if self._spawns is not None and self._spawns.owns(pid):
             return await self._spawns.reap(pid)
         return await self.call(self.reap, pid)
-
-    def detach(self) -> None:
-        """Before `close`, on the loop: the spawn servers no longer read."""
-        self._spawns.detach()
 
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """`fn(*args)` in one of the servers' own threads (which also start them, so that their
@@ -144,8 +126,6 @@ class LaunchServer:
         return None  # the server that forked it is gone, and its status with it
 
     def close(self) -> None:
-        """The servers let go and waited for (blocks: call it in a thread, after `detach`)."""
-        self._spawns.close()
         for server in self._servers:
             server.acquire()
             try:

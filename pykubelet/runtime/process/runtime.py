@@ -69,7 +69,7 @@ from pykubelet.runtime.process.cgroups import Cgroups, PodsLimits, ReservedCgrou
 from pykubelet.runtime.process.execplan import check_running, exec_plan
 from pykubelet.runtime.process.execstream import ProcessExecStream, start_exec
 from pykubelet.runtime.process.hostexec import run_command
-from pykubelet.runtime.process.launchserver import LaunchServer
+from pykubelet.runtime.process.launchserver import SERVER_ARGV, LaunchServer
 from pykubelet.runtime.process.logread import follow_plain_log, read_plain_log
 from pykubelet.runtime.process.logrotate import LogRotator
 from pykubelet.runtime.process.podsmount import make_pods_mount, release_pods_mount
@@ -99,6 +99,7 @@ from pykubelet.runtime.process.spawn import (
     os_reason,
     reap_exited,
 )
+from pykubelet.runtime.process.spawnserver import SpawnServers
 from pykubelet.runtime.process.starts import ContainerStarts, Start
 from pykubelet.runtime.process.statewriter import StateWriter
 from pykubelet.runtime.process.termination import exit_message, message_bind, own_file
@@ -164,9 +165,15 @@ class ProcessRuntime:
         self._stdio: dict[str, ContainerStdio] = {}
         self._rotator = LogRotator()
         self._state = StateWriter()
-        # Forks the launchers of the containers that need one (launchserver.py).
-        self._launcher = LaunchServer(dict(LAUNCHER_ENV), pods_dir=str(self._volumes_dir))
-        self._starts = ContainerStarts(self._cgroups, self._launcher, self._volumes_dir)
+        # Start the plain containers (spawnserver.py), and fork the launchers of those that
+        # need one (launchserver.py), which also answers for the spawn servers' children.
+        self._spawns = SpawnServers(SERVER_ARGV, dict(LAUNCHER_ENV))
+        self._launcher = LaunchServer(
+            dict(LAUNCHER_ENV), pods_dir=str(self._volumes_dir), spawns=self._spawns
+        )
+        self._starts = ContainerStarts(
+            self._cgroups, self._launcher, self._spawns, self._volumes_dir
+        )
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -202,7 +209,7 @@ class ProcessRuntime:
         self._loop = asyncio.get_running_loop()
         # Started now, in the background: the first burst's starts would otherwise wait for
         # their Python to start (spawnserver.py).
-        self._launcher.start_spawn_servers()
+        self._spawns.start_all()
         self._changed()
         for item in loaded:
             self._pods[item.pod.uid] = item.pod
@@ -246,7 +253,8 @@ class ProcessRuntime:
             # Exits already seen still reach their state files.
             await asyncio.gather(*self._tasks, return_exceptions=True)
         # Its children run on: reaped by init once it is gone, as after an agent's SIGKILL.
-        self._launcher.detach()
+        self._spawns.detach()
+        await asyncio.to_thread(self._spawns.close)
         await asyncio.to_thread(self._launcher.close)
         await asyncio.to_thread(self._state.close)
         self._pods.clear()

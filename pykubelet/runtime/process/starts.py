@@ -53,6 +53,7 @@ from pykubelet.runtime.process.spawnserver import (
     ServerLost,
     ServerUnavailable,
     SpawnFailed,
+    SpawnServers,
 )
 
 log = logging.getLogger(__name__)
@@ -128,12 +129,16 @@ def _close_opened(done: asyncio.Future[int | None]) -> None:
 
 
 class ContainerStarts:
-    """Starts containers' processes with the runtime's cgroups and launch server; pods' volumes
-    are mounted under `volumes_dir`, which launched containers' namespaces leave out."""
+    """Starts containers' processes with the runtime's cgroups, launch server and spawn servers;
+    pods' volumes are mounted under `volumes_dir`, which launched containers' namespaces leave
+    out."""
 
-    def __init__(self, cgroups: Cgroups, launcher: LaunchServer, volumes_dir: Path) -> None:
+    def __init__(
+        self, cgroups: Cgroups, launcher: LaunchServer, spawns: SpawnServers, volumes_dir: Path
+    ) -> None:
         self._cgroups = cgroups
         self._launcher = launcher
+        self._spawns = spawns
         self._volumes_dir = volumes_dir
 
     def cgroup_settings(self, config: ContainerConfig) -> Settings | None:
@@ -163,7 +168,7 @@ class ContainerStarts:
         start time is read with the state file."""
         starting = start.starting
         try:
-            pid = await self._launcher.spawn_plain(
+            pid = await self._spawns.spawn(
                 str(starting),
                 str(starting.with_name(SANDBOX_FILE)),
                 str(start.log_path),
@@ -186,7 +191,7 @@ class ContainerStarts:
         try:
             pidfd = lockedio.pidfd_open(pid)
         except OSError as e:
-            await self._launcher.kill_child(pid)
+            await self._spawns.kill(pid)
             await asyncio.to_thread(statefile.remove, starting)
             raise RuntimeFailure(f"cannot watch process {pid} ({e}); it was killed") from e
         return Spawned(pid, pidfd, 0, False, None)
