@@ -1,7 +1,8 @@
 """The spawn servers: plain containers started by a server process asked from the event loop,
 requests pipelined and each answer reaching its own caller; the files a start makes, its
 failures told step by step, a caller cancelled never leaving a process behind, and a server
-that dies with requests in flight (they fail as lost) started again at the next one."""
+that dies or does not answer given up (what it may have started killed by its tag) and
+started again a while later."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from pykubelet.runtime.process import spawnserver
 from pykubelet.runtime.process.launchserver import SERVER_ARGV
+from pykubelet.runtime.process.processes import ID_VARIABLE
 from pykubelet.runtime.process.spawnserver import (
     REQUEST_BYTES,
     RequestTooLarge,
-    ServerLost,
     ServerUnavailable,
     SpawnFailed,
     SpawnServers,
@@ -54,6 +56,22 @@ def children_of_servers() -> list[int]:
     return children
 
 
+def running(argv: list[str]) -> list[int]:
+    """The live processes (not zombies) running exactly `argv`."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if (
+                Path(f"/proc/{entry}/cmdline").read_bytes() == wanted
+                and state_of(int(entry)) != "Z"
+            ):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 class Pod:
     """A pod's directory with its sandbox record, and where a container's files go."""
 
@@ -66,11 +84,12 @@ class Pod:
 
     def args(
         self, name: str, argv: list[str], cwd: str = "/"
-    ) -> tuple[str, str, str, list[str], dict[str, str], str]:
-        """`SpawnServers.spawn`'s arguments for container `name`."""
+    ) -> tuple[str, str, str, str, list[str], dict[str, str], str]:
+        """`SpawnServers.spawn`'s arguments for container `name` (its id, and its tag)."""
         marker = str(self.dir / f"{name}.starting")
         log = str(self.logs / name / "0.log")
-        return (marker, str(self.record), log, argv, {**ENV, "NAME": name}, cwd)
+        env = {**ENV, ID_VARIABLE: f"{self.dir.parent.name}-{name}"}
+        return (env[ID_VARIABLE], marker, str(self.record), log, argv, env, cwd)
 
 
 @pytest.fixture
@@ -146,16 +165,16 @@ async def test_each_failure_says_at_which_step_and_why(
         await spawns.spawn(*pod.args("c", ["true"]))
     assert no_log.value.stage == "log" and isinstance(no_log.value.error, IsADirectoryError)
 
-    marker, record, log, argv, env, cwd = pod.args("d", ["true"])
+    tag, marker, record, log, argv, env, cwd = pod.args("d", ["true"])
     with pytest.raises(SpawnFailed) as bad_env:
-        await spawns.spawn(marker, record, log, argv, {"A=B": "c"}, cwd)
+        await spawns.spawn(tag, marker, record, log, argv, {"A=B": "c"}, cwd)
     assert (bad_env.value.stage, bad_env.value.error) == (
         "value",
         "illegal environment variable name",
     )
 
     with pytest.raises(SpawnFailed) as no_marker:
-        await spawns.spawn(str(tmp_path / "none" / "e.starting"), record, log, argv, env, cwd)
+        await spawns.spawn(tag, str(tmp_path / "none" / "e.starting"), record, log, argv, env, cwd)
     assert no_marker.value.stage == "marker"
     assert isinstance(no_marker.value.error, FileNotFoundError)
 
@@ -164,9 +183,9 @@ async def test_a_request_too_long_for_one_message_is_refused_before_it_is_sent(
     spawns: SpawnServers, tmp_path: Path
 ) -> None:
     pod = Pod(tmp_path)
-    marker, record, log, argv, _, cwd = pod.args("a", ["true"])
+    tag, marker, record, log, argv, _, cwd = pod.args("a", ["true"])
     with pytest.raises(RequestTooLarge):
-        await spawns.spawn(marker, record, log, argv, {"BIG": "x" * REQUEST_BYTES}, cwd)
+        await spawns.spawn(tag, marker, record, log, argv, {"BIG": "x" * REQUEST_BYTES}, cwd)
     assert not Path(marker).exists()
 
 
@@ -175,32 +194,16 @@ async def test_a_cancelled_caller_leaves_no_process_behind(
 ) -> None:
     pod = Pod(tmp_path)
     await spawns.spawn(*pod.args("warm", ["true"]))  # the server runs: the next request is sent
-    marker = "sleep 60.424242"
-    task = asyncio.ensure_future(spawns.spawn(*pod.args("a", marker.split())))
+    task = asyncio.ensure_future(spawns.spawn(*pod.args("a", ["sleep", "60.424242"])))
     await asyncio.sleep(0)  # sent: the server is spawning it
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-
-    def running() -> list[int]:
-        found = []
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if (
-                cmdline == marker.replace(" ", "\0").encode() + b"\0"
-                and state_of(int(entry)) != "Z"
-            ):
-                found.append(int(entry))
-        return found
-
-    assert running() == []
+    assert running(["sleep", "60.424242"]) == []
 
 
-async def test_a_server_that_dies_fails_what_is_in_flight_and_starts_again(
-    spawns: SpawnServers, tmp_path: Path
+async def test_a_server_that_dies_is_given_up_for_a_while_then_started_again(
+    spawns: SpawnServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pod = Pod(tmp_path)
     first = await spawns.spawn(*pod.args("a", ["sleep", "60"]))
@@ -212,16 +215,32 @@ async def test_a_server_that_dies_fails_what_is_in_flight_and_starts_again(
         assert not waiting.done()
     finally:
         os.kill(server, signal.SIGKILL)
-    with pytest.raises(ServerLost):
+    with pytest.raises(ServerUnavailable):  # nothing of "b" runs: the caller starts it
         await waiting
-    assert isinstance(ServerLost("x"), ServerUnavailable)
     # What it had started runs on, its exit code now unknown (init's child).
     await wait_until(lambda: parent_of(first) != server, "the container to be reparented")
-    assert await spawns.reap(first) is None
+    assert not spawns.owns(first) and await spawns.reap(first) is None
+    with pytest.raises(ServerUnavailable, match="a moment ago"):
+        await spawns.spawn(*pod.args("c", ["sleep", "62"]))
+    monkeypatch.setattr(spawnserver, "RETRY_SECONDS", 0.0)
     again = await spawns.spawn(*pod.args("c", ["sleep", "62"]))
-    assert parent_of(again) != server
+    assert parent_of(again) not in (server, os.getpid())
     kill_quietly(first)
     await wait_until(lambda: gone(first), "the first container to go")
+
+
+async def test_a_request_whose_answer_is_lost_leaves_nothing_of_it_running(
+    spawns: SpawnServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No answer in time (here: at once): the server is given up, and the container it may
+    have started is killed by its tag before the caller is told to start it itself."""
+    pod = Pod(tmp_path)
+    await spawns.spawn(*pod.args("warm", ["true"]))
+    monkeypatch.setattr(spawnserver, "ANSWER_TIMEOUT", 0.0)
+    args = pod.args("lost", ["sleep", "60.737373"])
+    with pytest.raises(ServerUnavailable):
+        await spawns.spawn(*args)
+    assert running(["sleep", "60.737373"]) == []
 
 
 async def test_a_server_that_cannot_start_is_not_tried_again_at_once(tmp_path: Path) -> None:

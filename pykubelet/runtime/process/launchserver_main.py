@@ -19,8 +19,9 @@ Over SOCKET_FD (a SOCK_SEQPACKET socket, one message a request, served in order)
   ("reap", pid) -> ("reaped", wait status or None): the server's child waited for, once the
       agent saw it exit (through a pidfd) and killed its group: until then the zombie keeps its
       pid, as for the agent's own children.
-  ("kill", pid) -> ("reaped", wait status or None): a child of the server's that must not go
-      on (its start was cancelled): its group killed, then waited for.
+  ("kill", pid) -> ("killed",): a child of the server's that must not go on (its start was
+      cancelled): its group killed, not waited for (the agent waits through a pidfd, then
+      asks for a "reap"; a process stuck in the kernel does not stall the server).
 A request longer than REQUEST_BYTES is refused, not read in part.
 The server dies with the agent (PR_SET_PDEATHSIG); its children, the containers, run on.
 
@@ -222,7 +223,8 @@ def _spawn_plain(request: tuple[Any, ...], stdin: int) -> tuple[Any, ...]:
     except ValueError as e:  # a NUL byte, or "=" in a variable name
         return ("failed", "value", 0, str(e), None)
     finally:
-        os.close(log_fd)
+        with contextlib.suppress(OSError):  # started or not, the close changes nothing of it
+            os.close(log_fd)
     return ("spawned", pid)
 
 
@@ -246,15 +248,11 @@ def _wait_status(pid: int) -> int | None:
     return status if waited == pid else None
 
 
-def _killed(pid: int) -> int | None:
-    """Its group SIGKILLed (a spawned child leads its own session), then waited for."""
-    if pid > 1:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, SIGKILL)
-    try:
-        return os.waitpid(pid, 0)[1]
-    except ChildProcessError:
-        return None
+def _kill(pid: int) -> tuple[Any, ...]:
+    """Its group SIGKILLed (a spawned child leads its own session)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, SIGKILL)
+    return ("killed",)
 
 
 def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
@@ -298,18 +296,23 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
                     reply = ("launched", _spawned_launch(config, fds, home, ignores))
                 else:
                     reply = ("launched", _forked_launch(config, fds, socket_fd))
+            elif request[0] in ("reap", "kill") and int(request[1]) <= 1:
+                reply = ("error", f"not a child's pid: {request[1]!r:.20}")
             elif request[0] == "reap":
                 reply = ("reaped", _wait_status(int(request[1])))
             elif request[0] == "kill":
-                reply = ("reaped", _killed(int(request[1])))
+                reply = _kill(int(request[1]))
             else:
                 reply = ("error", f"not a request: {request!r:.200} with {len(fds)} fds")
-        except (OSError, ValueError, EOFError, IndexError, TypeError) as e:
+        except Exception as e:  # a request it cannot read: said, and the next one served
             reply = ("error", f"{type(e).__name__}: {e}")
         finally:
             for fd in fds:
                 os.close(fd)
-        server.send(marshal.dumps(reply))
+        try:
+            server.send(marshal.dumps(reply))
+        except OSError:
+            os._exit(0)  # the agent closed its end, or gave the server up
         if _astray:
             os._exit(launcher.EXIT_FAILED)  # the agent starts another server at its next launch
 

@@ -15,19 +15,23 @@ What this module promises:
   plain route starts one in a thread (the marker, the log's directory and file, the spawn in
   its own session with stdin /dev/null and its output appended to the log), or raises
   `SpawnFailed` saying at which step and why (which the caller words as that route does),
-  `ServerUnavailable` when no server answered and nothing was done (`ServerLost` when the
-  server died with the request in flight: what it may have started is the caller's to kill,
-  by its tag) and `RequestTooLarge` for a request no message carries; in those cases the
-  caller starts the container itself;
+  `ServerUnavailable` when no server answered and nothing of the container runs, and
+  `RequestTooLarge` for a request no message carries; in those two cases the caller starts
+  the container itself. A server given up with the request in flight (it died, its answer
+  could not be read, or none came within ANSWER_TIMEOUT) is killed, waited for, and what it
+  may have started killed by the container's tag (processes.kill_tagged) before the
+  ServerUnavailable; a failed server is not asked again for RETRY_SECONDS;
 - requests are sent as they come, never waiting for the previous answer (each server answers
   in order), to the first server with none in flight, else the one with the fewest; there
   are SPAWN_SERVERS servers, started by `start_all` before the first start (or by the first
   request that finds one not running);
 - the servers' children are not the agent's: `owns` tells them apart and `reap` gets the wait
   status of one that exited from its server, which waits for it only then (its zombie keeps
-  the pid meanwhile, as the agent's own children's do);
-- `detach` (on the loop) stops reading the servers and fails what is in flight; `close` (in a
-  thread) then waits for the servers to exit. The containers run on, reaped by init.
+  the pid meanwhile, as the agent's own children's do); `kill` has one that must not go on
+  killed and reaped (by its tag if its server is gone). A server's children outlive it: once
+  it is gone their exit codes are unknown, as after the agent's restart;
+- `detach` (on the loop) gives the servers up as the agent stops; `close` (in a thread) then
+  waits for them. The containers run on, reaped by init.
 
 A server is started from a thread of this object's own, which lives until `close`: the server's
 PR_SET_PDEATHSIG follows the thread that started it, not the agent's process.
@@ -48,6 +52,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pykubelet.runtime.process.processes import kill_tagged
+
 log = logging.getLogger(__name__)
 
 # Two: each answers in order, about a spawn's time apiece (0.7-1 ms here), and the machine has
@@ -57,8 +63,11 @@ SPAWN_SERVERS = 2
 REQUEST_BYTES = 65536
 
 
-# After a server could not be started, the starts go without one for this long.
+# After a server could not be started or failed, the starts go without it for this long.
 RETRY_SECONDS = 60.0
+# An answer is a spawn's time (under a millisecond here): a server that gives none for this
+# long is stuck (an exec on a dead network file system, say) and is given up.
+ANSWER_TIMEOUT = 30.0
 
 
 STOPPING = "the agent stops"
@@ -108,6 +117,7 @@ class SpawnServers:
         then do not wait for a server's Python to start (tens of ms in a burst here). One that
         cannot start says so once, and the starts go without it."""
         for server in self._servers:
+            server.reopen()
             task = asyncio.ensure_future(server.started(self._start))
             self._prestarts.add(task)
             task.add_done_callback(self._prestarted)
@@ -119,6 +129,7 @@ class SpawnServers:
 
     async def spawn(
         self,
+        container_id: str,
         marker: str,
         sandbox_record: str,
         log_path: str,
@@ -126,23 +137,26 @@ class SpawnServers:
         env: dict[str, str],
         cwd: str,
     ) -> int:
-        """The container's pid (above); its pidfd is the caller's to open. A caller cancelled
-        meanwhile waits for the answer, and what was started is killed and reaped first."""
+        """The container's pid (above); its pidfd is the caller's to open. `container_id`:
+        the tag in its environment (processes.ID_VARIABLE), by which it is killed if its
+        server is lost with the request in flight. A caller cancelled meanwhile waits for the
+        answer, and what was started is killed and reaped first."""
         request = marshal.dumps(("spawn", marker, sandbox_record, log_path, argv, env, cwd))
         if len(request) > REQUEST_BYTES:
             raise RequestTooLarge(f"{len(request)} bytes")
         server = self._least_busy()
         await server.started(self._start)
-        sent = server.send(request)
+        sent, proc = server.send(request)
         try:
             answer = await asyncio.shield(sent)
         except asyncio.CancelledError:
             await _settled(sent)
-            if not sent.cancelled() and sent.exception() is None and sent.result()[0] == "spawned":
-                pid = int(sent.result()[1])
-                server.children.add(pid)
-                await _settled(asyncio.ensure_future(self.kill(pid)))
+            await _settled(asyncio.ensure_future(self._undo(server, sent, proc, container_id)))
             raise
+        except ServerLost as e:
+            # Whatever it may have started is killed before the caller starts it again.
+            await _settled(asyncio.ensure_future(self._undo(server, sent, proc, container_id)))
+            raise ServerUnavailable(str(e)) from e
         if answer[0] == "spawned":
             pid = int(answer[1])
             server.children.add(pid)
@@ -154,27 +168,68 @@ class SpawnServers:
 
     async def reap(self, pid: int) -> int | None:
         """The wait status of a server's child `pid`, which has exited; None if unknown."""
-        return await self._ask_owner(pid, "reap")
+        server = self._owner(pid)
+        if server is None:
+            return None  # the server that started it is gone, and its status with it
+        server.children.discard(pid)
+        answer = await self._ask(server, ("reap", pid))
+        return None if answer is None or answer[1] is None else int(answer[1])
 
-    async def kill(self, pid: int) -> int | None:
-        """A server's child `pid` that must not go on: its group killed, it waited for; its
-        wait status (None if unknown)."""
-        return await self._ask_owner(pid, "kill")
+    async def kill(self, pid: int, container_id: str) -> None:
+        """A server's child `pid` (container `container_id`) that must not go on: its group
+        killed and it reaped; by its tag if its server is gone."""
+        server = self._owner(pid)
+        if server is None or await self._ask(server, ("kill", pid)) is None:
+            await asyncio.to_thread(kill_tagged, container_id)
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            pidfd = None  # not expected: its server keeps its zombie until asked to reap
+        if pidfd is not None:
+            try:
+                await _readable(pidfd)
+            finally:
+                os.close(pidfd)
+        await self.reap(pid)
 
-    async def _ask_owner(self, pid: int, what: str) -> int | None:
-        for server in self._servers:
-            if pid in server.children:
-                server.children.discard(pid)
-                try:
-                    answer = await asyncio.shield(server.send(marshal.dumps((what, pid))))
-                except ServerUnavailable as e:
-                    log.warning("cannot learn the exit status of process %d: %s", pid, e)
-                    return None
-                if answer[0] != "reaped":
-                    log.warning("cannot learn the exit status of process %d: %s", pid, answer)
-                    return None
-                return None if answer[1] is None else int(answer[1])
-        return None  # the server that started it is gone, and its status with it
+    async def _undo(
+        self,
+        server: _Server,
+        sent: asyncio.Future[Any],
+        proc: subprocess.Popen[bytes] | None,
+        container_id: str,
+    ) -> None:
+        """The container asked for by `sent` (answered, or lost) not left running."""
+        error = None if sent.cancelled() else sent.exception()
+        if error is None and not sent.cancelled():
+            answer = sent.result()
+            if answer[0] == "spawned":
+                pid = int(answer[1])
+                server.children.add(pid)
+                await self.kill(pid, container_id)
+            return
+        if isinstance(error, ServerLost):
+            # Killed when it was given up: once it has exited it starts nothing more, and
+            # what it started has its tag in its environment.
+            if proc is not None:
+                await asyncio.to_thread(_waited, proc)
+            await asyncio.to_thread(kill_tagged, container_id)
+
+    async def _ask(self, server: _Server, request: tuple[Any, ...]) -> Any:
+        """The server's answer to a "reap" or "kill" of one of its children; None if it gave
+        none (said in the log)."""
+        try:
+            answer = await asyncio.shield(server.send(marshal.dumps(request))[0])
+        except ServerUnavailable as e:
+            answer = e
+        if isinstance(answer, tuple) and answer and answer[0] in ("reaped", "killed"):
+            return answer
+        log.warning("cannot %s process %d: %s", request[0], request[1], answer)
+        return None
+
+    def _owner(self, pid: int) -> _Server | None:
+        return next((server for server in self._servers if pid in server.children), None)
 
     def detach(self) -> None:
         """Stop reading the servers (on the loop); what is in flight fails."""
@@ -182,12 +237,13 @@ class SpawnServers:
             server.detach(STOPPING)
 
     def close(self) -> None:
-        """Let the servers go and wait for them (blocks: call it in a thread, after `detach`)."""
-        for server in self._servers:
-            server.stop()
+        """Let the servers go and wait for them (blocks: call it in a thread, after `detach`).
+        A server still starting is let finish first, and then waited for too."""
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.shutdown(wait=True)
+        for server in self._servers:
+            server.stop()
 
     def _least_busy(self) -> _Server:
         """The first server with nothing in flight, else the one with the least."""
@@ -202,6 +258,28 @@ class SpawnServers:
         loop = asyncio.get_running_loop()
         sock = await loop.run_in_executor(self._thread, server.start_process)
         server.attach(sock, loop)
+
+
+def _waited(proc: subprocess.Popen[bytes]) -> None:
+    """A server given up (killed) waited for, a few seconds at most (blocks)."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+async def _readable(fd: int) -> None:
+    """Until `fd` (a pidfd: its process exited) polls readable."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
 
 
 async def _settled(awaitable: asyncio.Future[Any]) -> None:
@@ -240,7 +318,7 @@ class _Server:
         if self._stopped:
             raise ServerUnavailable(STOPPING)
         if self._failed_at is not None and time.monotonic() - self._failed_at < RETRY_SECONDS:
-            raise ServerUnavailable("the spawn server could not be started a moment ago")
+            raise ServerUnavailable("the spawn server failed a moment ago")
         if self._starting is None:
             self._starting = asyncio.ensure_future(start(self))
         starting = self._starting
@@ -258,19 +336,31 @@ class _Server:
         if self._socket is None:
             raise ServerUnavailable("the spawn server stopped as it started")
 
-    def send(self, request: bytes) -> asyncio.Future[Any]:
-        """The future of the server's answer to `request` (failed with ServerUnavailable if
-        it is not running, or dies first)."""
+    def send(self, request: bytes) -> tuple[asyncio.Future[Any], subprocess.Popen[bytes] | None]:
+        """The future of the server's answer to `request`, and the process asked. The future
+        fails with ServerUnavailable if the server is not running or the request could not be
+        sent, with ServerLost if the server was given up after it was sent (it died, its
+        answer could not be read, or none came within ANSWER_TIMEOUT: it is then killed)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Any] = loop.create_future()
         # Retrieved even when its asker was cancelled meanwhile: no "never retrieved" noise.
         answer.add_done_callback(lambda f: f.cancelled() or f.exception())
         if self._socket is None:
             answer.set_exception(ServerUnavailable("the spawn server is gone"))
-            return answer
+            return answer, None
         self._waiting.append(answer)
+        late = loop.call_later(ANSWER_TIMEOUT, self._overdue, answer)
+        answer.add_done_callback(lambda _: late.cancel())
         self._write(request)
-        return answer
+        return answer, self._proc
+
+    def _overdue(self, answer: asyncio.Future[Any]) -> None:
+        if not answer.done():
+            self.detach(f"no answer within {ANSWER_TIMEOUT:g} s (a start stuck in an exec?)")
+
+    def reopen(self) -> None:
+        """Startable again after a `detach` as the agent stopped (the runtime started again)."""
+        self._stopped = False
 
     def start_process(self) -> socket.socket:
         """The server's process started (in the owner's thread, blocking); our socket to it."""
@@ -345,18 +435,21 @@ class _Server:
             if not data or not self._waiting:
                 self.detach("it closed its socket" if not data else "it answered unasked")
                 return
-            answer = self._waiting.popleft()
             try:
                 result = marshal.loads(data)
             except (ValueError, EOFError) as e:
-                answer.set_exception(ServerUnavailable(f"an answer that cannot be read: {e}"))
-                continue
+                # What it did is unknown, and so is what the next answers answer.
+                self.detach(f"an answer that cannot be read: {e}")
+                return
+            answer = self._waiting.popleft()
             if not answer.done():
                 answer.set_result(result)
 
     def detach(self, why: str) -> None:
-        """The socket closed and every request in flight failed (the server exits on EOF);
-        its children are init's once it is gone."""
+        """The server given up: its socket closed and its process killed, so that it starts
+        nothing more of what it was sent; the requests it was sent fail with ServerLost, those
+        still unsent with ServerUnavailable. Its children are init's once it is gone. After a
+        failure the starts go without it for RETRY_SECONDS."""
         self._stopped = self._stopped or why == STOPPING
         sock, self._socket = self._socket, None
         if sock is not None:
@@ -365,16 +458,25 @@ class _Server:
             if self._unsent:
                 self._loop.remove_writer(sock.fileno())
             sock.close()
+            if self._proc is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.kill()
             if not self._stopped:
-                log.warning("the spawn server failed (%s); it starts again at the next start", why)
-                if self._proc is not None:
-                    # Nothing more of what was asked: the caller kills what it may have started.
-                    with contextlib.suppress(OSError):
-                        self._proc.kill()
+                self._failed_at = time.monotonic()
+                log.warning(
+                    "the spawn server failed (%s); the agent spawns its containers for %g s",
+                    why,
+                    RETRY_SECONDS,
+                )
+        unsent = len(self._unsent)
         self._unsent.clear()
-        waiting, self._waiting = self._waiting, collections.deque()
-        for answer in waiting:
-            if not answer.done():
+        waiting, self._waiting = list(self._waiting), collections.deque()
+        for i, answer in enumerate(waiting):
+            if answer.done():
+                continue
+            if i >= len(waiting) - unsent:
+                answer.set_exception(ServerUnavailable(f"the spawn server failed: {why}"))
+            else:
                 answer.set_exception(ServerLost(f"the spawn server failed: {why}"))
         self.children.clear()
 

@@ -34,7 +34,6 @@ from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.attach import ContainerStdio
 from pykubelet.runtime.process.cgroups import Cgroups, Settings
 from pykubelet.runtime.process.launchserver import LaunchServer
-from pykubelet.runtime.process.processes import kill_tagged
 from pykubelet.runtime.process.records import SANDBOX_FILE
 from pykubelet.runtime.process.spawn import (
     Stdio,
@@ -50,7 +49,6 @@ from pykubelet.runtime.process.spawn import (
 )
 from pykubelet.runtime.process.spawnserver import (
     RequestTooLarge,
-    ServerLost,
     ServerUnavailable,
     SpawnFailed,
     SpawnServers,
@@ -169,6 +167,7 @@ class ContainerStarts:
         starting = start.starting
         try:
             pid = await self._spawns.spawn(
+                start.container_id,
                 str(starting),
                 str(starting.with_name(SANDBOX_FILE)),
                 str(start.log_path),
@@ -176,12 +175,9 @@ class ContainerStarts:
                 start.env,
                 start.cwd,
             )
-        except RequestTooLarge:
-            return await self._spawn_plain_here(start)
-        except ServerUnavailable as e:
-            if isinstance(e, ServerLost):
-                # It may have started the container before it died: never run it twice.
-                await asyncio.to_thread(kill_tagged, start.container_id)
+        except (RequestTooLarge, ServerUnavailable):
+            # Nothing of it runs (a server lost mid-request had what it may have started
+            # killed by its tag): the agent starts it itself.
             return await self._spawn_plain_here(start)
         except BaseException as e:
             await asyncio.to_thread(statefile.remove, starting)
@@ -191,7 +187,7 @@ class ContainerStarts:
         try:
             pidfd = lockedio.pidfd_open(pid)
         except OSError as e:
-            await self._spawns.kill(pid)
+            await self._spawns.kill(pid, start.container_id)
             await asyncio.to_thread(statefile.remove, starting)
             raise RuntimeFailure(f"cannot watch process {pid} ({e}); it was killed") from e
         return Spawned(pid, pidfd, 0, False, None)
