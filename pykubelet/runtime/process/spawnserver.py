@@ -232,7 +232,8 @@ class SpawnServers:
         return next((server for server in self._servers if pid in server.children), None)
 
     def detach(self) -> None:
-        """Stop reading the servers (on the loop); what is in flight fails."""
+        """The servers given up as the agent stops (on the loop): killed, so that they start
+        nothing more, and what is in flight fails (`_Server.detach`)."""
         for server in self._servers:
             server.detach(STOPPING)
 
