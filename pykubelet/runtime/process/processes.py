@@ -7,7 +7,8 @@ What this module promises:
   `reopen` gives a pidfd on it only while those still match;
 - `kill_group` never signals init, every process (0, -1) or the agent's own group, whatever a
   corrupt state file says;
-- `reap` collects an exit status through a pidfd, never through a pid;
+- `reap` collects an exit status through a pidfd, never through a pid; `readable` waits on the
+  event loop for a pidfd (its process exited) or a pipe to poll readable;
 - `kill_tagged` finds a container's processes by the ID in their environment (`ID_VARIABLE`),
   when its state file is lost.
 
@@ -17,6 +18,7 @@ thread with the rest of loading.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -133,3 +135,19 @@ def kill_tagged(container_id: str) -> None:
                 "killing process %d of container %s: its state file is corrupt", pid, container_id
             )
             kill_group(pid, signal.SIGKILL)
+
+
+async def readable(fd: int) -> None:
+    """Until `fd` polls readable: a pidfd once its process exited, a pipe with data or EOF."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)

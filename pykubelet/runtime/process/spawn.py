@@ -55,7 +55,13 @@ from pykubelet.runtime.process.launchserver import (
     LaunchServer,
     ServerUnavailable,
 )
-from pykubelet.runtime.process.processes import exit_code, kill_group, proc_start_time, reap
+from pykubelet.runtime.process.processes import (
+    exit_code,
+    kill_group,
+    proc_start_time,
+    readable,
+    reap,
+)
 from pykubelet.runtime.process.security import kept_capabilities
 
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -516,7 +522,7 @@ async def _kill_and_reap(pid: int, pidfd: int, server: LaunchServer | None = Non
     """A launcher that must not go on (cancelled, stuck): killed, reaped, its pidfd closed."""
     kill_group(pid, signal.SIGKILL)
     try:
-        await settle(asyncio.ensure_future(_readable(pidfd)))
+        await settle(asyncio.ensure_future(readable(pidfd)))
         await settle(asyncio.ensure_future(reap_exited(pid, pidfd, server)))
     finally:
         os.close(pidfd)
@@ -571,7 +577,7 @@ async def spawn_launched(
         # exec'd (or killed before it could report: its exit is then the container's).
         return pid, pidfd, start_time
     try:
-        await _readable(pidfd)  # it exits right after writing the report
+        await readable(pidfd)  # it exits right after writing the report
         await reap_exited(pid, pidfd, server)
     finally:
         os.close(pidfd)
@@ -595,27 +601,12 @@ def _launch_error(report: bytes, launch: dict[str, Any]) -> StartError:
     return StartError("RunContainerError", message)
 
 
-async def _readable(fd: int) -> None:
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(fd, wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(fd)
-
-
 async def _read_until_eof(fd: int) -> bytes:
     """All of a pipe, without blocking the loop (the launcher takes ~30 ms to exec)."""
     os.set_blocking(fd, False)
     out = b""
     while True:
-        await _readable(fd)
+        await readable(fd)
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
@@ -754,7 +745,7 @@ async def spawn_attached(
         os.close(err_r)
     if not report:
         return proc.pid, pidfd
-    await _readable(pidfd)  # it exits right after writing the report
+    await readable(pidfd)  # it exits right after writing the report
     reap(pidfd)
     os.close(pidfd)
     raise RuntimeFailure(f"cannot run {program!r}: {_launch_error(report, plan.enter).message}")

@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pykubelet.runtime.process.processes import kill_tagged
+from pykubelet.runtime.process.processes import kill_tagged, readable
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ class SpawnServers:
             pidfd = None  # not expected: its server keeps its zombie until asked to reap
         if pidfd is not None:
             try:
-                await _readable(pidfd)
+                await readable(pidfd)
             finally:
                 os.close(pidfd)
         await self.reap(pid)
@@ -265,22 +265,6 @@ def _waited(proc: subprocess.Popen[bytes]) -> None:
     """A server given up (killed) waited for, a few seconds at most (blocks)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-
-
-async def _readable(fd: int) -> None:
-    """Until `fd` (a pidfd: its process exited) polls readable."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(fd, wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(fd)
 
 
 async def _settled(awaitable: asyncio.Future[Any]) -> None:
