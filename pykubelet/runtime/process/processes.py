@@ -8,7 +8,8 @@ What this module promises:
 - `kill_group` never signals init, every process (0, -1) or the agent's own group, whatever a
   corrupt state file says;
 - `reap` collects an exit status through a pidfd, never through a pid; `readable` waits on the
-  event loop for a pidfd (its process exited) or a pipe to poll readable;
+  event loop for a pidfd (its process exited) or a pipe to poll readable, and `settle` for a
+  future through any cancellation of its waiter (a start under way is never abandoned);
 - `kill_tagged` finds a container's processes by the ID in their environment (`ID_VARIABLE`),
   when its state file is lost.
 
@@ -25,6 +26,7 @@ import os
 import signal
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from pykubelet.common import lockedio
 
@@ -151,3 +153,10 @@ async def readable(fd: int) -> None:
         await ready
     finally:
         loop.remove_reader(fd)
+
+
+async def settle(awaitable: asyncio.Future[Any]) -> None:
+    """Wait for `awaitable` through any number of cancellations (the caller re-raises after)."""
+    while not awaitable.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(awaitable)

@@ -61,6 +61,7 @@ from pykubelet.runtime.process.processes import (
     proc_start_time,
     readable,
     reap,
+    settle,
 )
 from pykubelet.runtime.process.security import kept_capabilities
 
@@ -495,13 +496,6 @@ def _start_served(
     finally:
         lockedio.close_fd(log_fd, str(log_path))
     return _watched(pid)
-
-
-async def settle(awaitable: asyncio.Future[Any]) -> None:
-    """Wait for `awaitable` through any number of cancellations (the caller re-raises after)."""
-    while not awaitable.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(awaitable)
 
 
 async def _kill_unrecorded(

@@ -52,7 +52,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pykubelet.runtime.process.processes import kill_tagged, readable
+from pykubelet.runtime.process.processes import kill_tagged, readable, settle
 
 log = logging.getLogger(__name__)
 
@@ -150,12 +150,12 @@ class SpawnServers:
         try:
             answer = await asyncio.shield(sent)
         except asyncio.CancelledError:
-            await _settled(sent)
-            await _settled(asyncio.ensure_future(self._undo(server, sent, proc, container_id)))
+            await settle(sent)
+            await settle(asyncio.ensure_future(self._undo(server, sent, proc, container_id)))
             raise
         except ServerLost as e:
             # Whatever it may have started is killed before the caller starts it again.
-            await _settled(asyncio.ensure_future(self._undo(server, sent, proc, container_id)))
+            await settle(asyncio.ensure_future(self._undo(server, sent, proc, container_id)))
             raise ServerUnavailable(str(e)) from e
         if answer[0] == "spawned":
             pid = int(answer[1])
@@ -265,13 +265,6 @@ def _waited(proc: subprocess.Popen[bytes]) -> None:
     """A server given up (killed) waited for, a few seconds at most (blocks)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-
-
-async def _settled(awaitable: asyncio.Future[Any]) -> None:
-    """Waited for through any number of cancellations (the caller re-raises after)."""
-    while not awaitable.done():
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(awaitable)
 
 
 class _Server:

@@ -34,13 +34,13 @@ from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.attach import ContainerStdio
 from pykubelet.runtime.process.cgroups import Cgroups, Settings
 from pykubelet.runtime.process.launchserver import LaunchServer
+from pykubelet.runtime.process.processes import settle
 from pykubelet.runtime.process.records import SANDBOX_FILE
 from pykubelet.runtime.process.spawn import (
     Stdio,
     exec_error,
     open_log,
     os_reason,
-    settle,
     spawn,
     spawn_launched,
     spawn_prepared,
