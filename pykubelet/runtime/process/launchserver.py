@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import marshal
-import os
 import socket
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pykubelet.runtime.process.launcher import MAX_TREES
-from pykubelet.runtime.process.spawnserver import SpawnServers
+from pykubelet.runtime.process.spawnserver import SpawnServers, server_process
 
 T = TypeVar("T")
 
@@ -195,34 +194,16 @@ class _Server:
         if self._socket is not None and self._proc is not None and self._proc.poll() is None:
             return self._socket
         self.stop()
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self._proc = subprocess.Popen(
-                [
-                    *SERVER_ARGV,
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                    *([self._pods_dir] if self._pods_dir else []),
-                ],
-                # 0 and 1 open, so that no fd it receives takes their place; its stderr is
-                # the agent's, for a traceback should it ever crash.
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                cwd="/",
-                env=self._env,
-                close_fds=True,
-                pass_fds=(theirs.fileno(),),
-            )
+            pods_dir = [self._pods_dir] if self._pods_dir else []
+            self._proc, ours = server_process(SERVER_ARGV, self._env, *pods_dir)
         except OSError as e:
-            ours.close()
             if not self._warned:
                 self._warned = True
                 log.warning(
                     "cannot start the launch server (%s): containers get a launcher each", e
                 )
             raise ServerUnavailable(f"cannot start the launch server: {e}") from e
-        finally:
-            theirs.close()
         ours.settimeout(ANSWER_TIMEOUT)
         self._socket = ours
         log.debug("launch server started (pid %d)", self._proc.pid)

@@ -261,6 +261,32 @@ class SpawnServers:
         server.attach(sock, loop)
 
 
+def server_process(
+    argv: Sequence[str], env: dict[str, str], *args: str
+) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A launchserver_main.py process started (blocks) as `argv` SOCKET_FD AGENT_PID `args`,
+    and the agent's end of its socket. Raises the OSError of its start."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        proc = subprocess.Popen(
+            [*argv, str(theirs.fileno()), str(os.getpid()), *args],
+            # 0 and 1 open, so that no fd it receives or opens takes their place; its stderr
+            # is the agent's, for a traceback should it ever crash.
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            cwd="/",
+            env=env,
+            close_fds=True,
+            pass_fds=(theirs.fileno(),),
+        )
+    except OSError:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
+
+
 def _waited(proc: subprocess.Popen[bytes]) -> None:
     """A server given up (killed) waited for, a few seconds at most (blocks)."""
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -343,24 +369,7 @@ class _Server:
     def start_process(self) -> socket.socket:
         """The server's process started (in the owner's thread, blocking); our socket to it."""
         self.stop()  # one that failed before: its process waited for
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._proc = subprocess.Popen(
-                [*self._argv, str(theirs.fileno()), str(os.getpid())],
-                # 0 and 1 open, so that no fd it opens takes their place; its stderr is the
-                # agent's, for a traceback should it ever crash.
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                cwd="/",
-                env=self._env,
-                close_fds=True,
-                pass_fds=(theirs.fileno(),),
-            )
-        except OSError:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        self._proc, ours = server_process(self._argv, self._env)
         ours.setblocking(False)
         log.debug("spawn server started (pid %d)", self._proc.pid)
         return ours
