@@ -1,8 +1,9 @@
 """The launch server: the containers that need a launcher are forked by a long-lived process (one
 while they start one by one, a few when they start together), their exit codes still known; a
 server that dies is started again, and what it had started runs on (its exit code unknown, as
-after a restart of the agent). A container that asks for mounts alone is spawned by the server
-into a mount namespace it made, and the server goes back to its own."""
+after a restart of the agent). A container that asks for mounts alone is spawned by a spawn
+server (asked from the loop) into a mount namespace it made, the server back in the agent's;
+without spawn servers, by a launch server, back in its own."""
 
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ def state_of(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
-def servers() -> list[int]:
-    """This process's launch servers (given the pods directory, as the spawn servers are not)."""
+def servers(spawn: bool = False) -> list[int]:
+    """This process's launch servers (FD AGENT_PID PODS_DIR), or with `spawn` its spawn
+    servers (the same, --in-agent-namespace); live ones."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -47,8 +49,10 @@ def servers() -> list[int]:
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             at = next(i for i, a in enumerate(argv) if a.endswith(b"/launchserver_main.py"))
-            server = len([a for a in argv[at + 1 :] if a]) == 3  # FD AGENT_PID PODS_DIR
-            if server and parent_of(int(entry)) == os.getpid():
+            args = [a for a in argv[at + 1 :] if a]
+            kind = args[-1] == b"--in-agent-namespace" if len(args) == 4 else len(args) != 3
+            mine = parent_of(int(entry)) == os.getpid() and state_of(int(entry)) != "Z"
+            if kind == spawn and mine:
                 found.append(int(entry))
         except (OSError, IndexError, ValueError, StopIteration):
             continue
@@ -107,9 +111,10 @@ async def test_containers_started_together_are_forked_by_a_few_servers_their_exi
         assert (got.exit_code, got.reason) == (10 + i, "Error")
 
 
-async def test_a_container_with_mounts_alone_is_spawned_in_its_namespace_the_server_in_its_own(
-    rt: ProcessRuntime, tmp_path: Path
-) -> None:
+async def mounts_alone(rt: ProcessRuntime, tmp_path: Path) -> int:
+    """Containers that ask for their mounts alone, started (and two failing to) as a user
+    sees them, each in a namespace of its own with the volume; the pid of the server that
+    started the first."""
     pod, sb = await new_pod(rt)
     (tmp_path / "volume").mkdir()
     (tmp_path / "volume" / "data").write_text("in the volume\n")
@@ -118,24 +123,57 @@ async def test_a_container_with_mounts_alone_is_spawned_in_its_namespace_the_ser
     first = await rt.start_container(
         pod, sb, with_(sh(script, name="a", working_dir=str(tmp_path)), mounts=mounts)
     )
-    [server] = servers()
-    assert first.pid is not None and parent_of(first.pid) == server
-    home = os.readlink(f"/proc/{server}/ns/mnt")
-    assert os.readlink(f"/proc/{first.pid}/ns/mnt") not in (home, os.readlink("/proc/self/ns/mnt"))
-    # A start that fails in its namespace leaves the server in its own, ready for the next.
+    assert first.pid is not None
+    parent = parent_of(first.pid)
+    namespace = os.readlink(f"/proc/{first.pid}/ns/mnt")
+    assert namespace != os.readlink("/proc/self/ns/mnt")
+    # A start that fails in its namespace leaves the server ready for the next.
     with pytest.raises(StartError) as e:
         cfg = config(command=["no-such-program-pykubelet"], name="b")
         await rt.start_container(pod, sb, with_(cfg, mounts=mounts))
     assert "executable file not found" in e.value.message
+    with pytest.raises(StartError) as e:
+        missing = [Mount(str(tmp_path / "gone"), str(tmp_path / "at"))]
+        await rt.start_container(pod, sb, with_(sh("true", name="d"), mounts=missing))
+    assert (
+        e.value.message
+        == f"cannot mount {tmp_path}/gone at {tmp_path}/at: {tmp_path}/gone is missing"
+    )
     second = await rt.start_container(
         pod, sb, with_(sh("cat at/data", name="c", working_dir=str(tmp_path)), mounts=mounts)
     )
     got = await wait_exited(rt, second)
     assert got.exit_code == 0 and await rt.read_log(second) == b"in the volume\n"
-    assert servers() == [server] and os.readlink(f"/proc/{server}/ns/mnt") == home
     # The volume was in the containers' namespaces alone.
     assert list((tmp_path / "at").iterdir()) == []
     assert await rt.read_log(first) == b"in the volume\n"
     kill_quietly(first.pid)
     got = await wait_exited(rt, first)
     assert (got.exit_code, got.reason) == (128 + signal.SIGKILL, "Error")
+    return parent
+
+
+async def test_a_container_with_mounts_alone_is_spawned_by_a_spawn_server_in_its_namespace(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    """Asked from the loop: the spawn server makes its namespace and stays in the agent's."""
+    await wait_until(lambda: len(servers(spawn=True)) == 2, "the spawn servers to start")
+    parent = await mounts_alone(rt, tmp_path)
+    spawners = servers(spawn=True)
+    assert parent in spawners and servers() == []
+    for server in spawners:
+        assert os.readlink(f"/proc/{server}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+
+
+async def test_without_spawn_servers_the_launch_server_spawns_it_in_its_own_namespace(
+    rt: ProcessRuntime, tmp_path: Path
+) -> None:
+    await wait_until(lambda: len(servers(spawn=True)) == 2, "the spawn servers to start")
+    for server in servers(spawn=True):
+        os.kill(server, signal.SIGKILL)  # given up for a minute: the agent does without
+    await wait_until(lambda: servers(spawn=True) == [], "the spawn servers to die")
+    parent = await mounts_alone(rt, tmp_path)
+    assert servers() == [parent]
+    server = parent
+    home = os.readlink(f"/proc/{server}/ns/mnt")
+    assert home != os.readlink("/proc/self/ns/mnt")  # its own, without the pods' volumes

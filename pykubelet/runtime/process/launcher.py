@@ -532,6 +532,15 @@ def set_up_mounts_of(config: dict[str, Any], trees: list[int] | None) -> None:
     )
 
 
+def spawnable(config: dict[str, Any]) -> bool:
+    """Whether a launch server can spawn the container itself, in a namespace it makes
+    (launchserver_main.py): it asks for its mounts alone, nothing only its own process can
+    take (cgroups, a terminal, no_new_privs, another user, capabilities)."""
+    taken = ("cgroups", "tty", "no_new_privs", "mount_ns_pid")
+    identity = ("uid", "gid", "groups", "capabilities")
+    return not any(config.get(k) for k in taken) and all(config.get(k) is None for k in identity)
+
+
 def chdir(cwd: str) -> OSError | None:
     try:
         os.chdir(cwd)

@@ -1,9 +1,10 @@
-"""The launch server's process: `python -I -S launchserver_main.py SOCKET_FD AGENT_PID [PODS_DIR]`,
-one long-lived process of the agent's (launchserver.py is its side) that starts the containers
-needing a launcher (launcher.py) without a Python start for each (29 -> 4 ms of CPU a container
-here). It is single-threaded, so a child it forks may run Python code safely, as a launcher
-started afresh does. Like launcher.py it imports the standard library alone (`-S`): launcher.py
-and posixspawn.py are loaded by their path, `-I` putting this file's directory on no sys.path.
+"""The launch server's process: `python -I -S launchserver_main.py SOCKET_FD AGENT_PID [PODS_DIR]
+[--in-agent-namespace]`, one long-lived process of the agent's (launchserver.py is its side)
+that starts the containers needing a launcher (launcher.py) without a Python start for each
+(29 -> 4 ms of CPU a container here). It is single-threaded, so a child it forks may run Python
+code safely, as a launcher started afresh does. Like launcher.py it imports the standard library
+alone (`-S`): launcher.py and posixspawn.py are loaded by their path, `-I` putting this file's
+directory on no sys.path.
 
 Over SOCKET_FD (a SOCK_SEQPACKET socket, one message a request, served in order):
   ("launch",) with four fds [instructions memfd, stdin, stdout+stderr, error pipe's write end]
@@ -16,6 +17,11 @@ Over SOCKET_FD (a SOCK_SEQPACKET socket, one message a request, served in order)
       own thread starts one (starts.py): its start marker (a hard link to the sandbox record),
       its log's directory and file, then posix_spawn in its own session, stdin /dev/null and
       its output appended to the log (spawnserver.py asks, from the agent's event loop);
+  ("spawn-in-namespace", marker, sandbox_record, log_path, instructions), no fds, from a
+      server --in-agent-namespace -> ("spawned", pid), ("failed", stage, ...) as for "spawn"
+      (stage "marker" or "log"), or ("failed", "launch", report) with a launcher's report
+      (launcher.py's `report_of`): a container that asks for its mounts alone (below) started
+      with its files made as for "spawn", its volumes' trees cloned by the server itself;
   ("reap", pid) -> ("reaped", wait status or None): the server's child waited for, once the
       agent saw it exit (through a pidfd) and killed its group: until then the zombie keeps its
       pid, as for the agent's own children.
@@ -39,6 +45,13 @@ server's memory until the exec instead of copying it, and goes back to its own n
 (setns). A forked launcher cost 3.5 ms of CPU a container here, most of it the kernel copying
 the pages the child's Python wrote to and tearing the copy down at the exec; this, 1.4 ms. A
 failure is reported on the error pipe as a launcher's, by a child that exits at once.
+
+With --in-agent-namespace (the spawn servers, spawnserver.py) the server stays in the agent's
+namespace, where its plain spawns run and the volumes' sources are, and holds the namespace
+above (made once at its start) by an fd: a "spawn-in-namespace" request clones each source's
+tree (open_tree) where it is, enters that namespace (setns), makes the container's copy of it
+and spawns there as above, then goes back to the agent's. The agent asks from its event loop,
+without a thread hop, the marker and the log's files made here too (spawnserver.py).
 """
 
 from __future__ import annotations
@@ -81,6 +94,8 @@ ENOENT, ENOTDIR = 2, 20  # errno's, without importing errno
 LAUNCH_CALLS = ("unshare", "mount", "umount2", "syscall", "prctl", "setns")
 SIGKILL = 9
 LAUNCH_FDS = 4
+# The spawn servers' flag (spawnserver.py): the server stays in the agent's mount namespace.
+IN_AGENT_NAMESPACE = "--in-agent-namespace"
 # Set when the server could not go back to its own namespace after a spawn (never seen): it
 # must not start the next container in that one's mounts, and exits after answering.
 _astray = False
@@ -140,31 +155,34 @@ def _forked_launch(config: dict[str, Any], fds: list[int], server_fd: int) -> in
     return _fork_in_session(prepare_and_follow)
 
 
-def spawnable(config: dict[str, Any]) -> bool:
-    """Whether the server can start the container itself (above): it asks for mounts alone."""
-    taken = ("cgroups", "tty", "no_new_privs", "mount_ns_pid")
-    identity = ("uid", "gid", "groups", "capabilities")
-    return not any(config.get(k) for k in taken) and all(config.get(k) is None for k in identity)
-
-
 def _spawned_launch(config: dict[str, Any], fds: list[int], home: int, ignores: int) -> int:
     """The container started by the server in a mount namespace of its own (above); its pid.
     A failure is written to the error pipe, and the pid is a child's that exits at once."""
     try:
-        return _spawn_in_namespace(config, fds, home, ignores)
+        return _spawn_in_namespace(config, fds[1], fds[2], fds[LAUNCH_FDS:], home, ignores)
     except Exception as e:
         os.write(fds[3], marshal.dumps(launcher.report_of(e)))
         return _fork_in_session(lambda: None)
 
 
-def _spawn_in_namespace(config: dict[str, Any], fds: list[int], home: int, ignores: int) -> int:
+def _spawn_in_namespace(
+    config: dict[str, Any],
+    stdin: int,
+    out: int,
+    trees: list[int],
+    home: int,
+    ignores: int,
+    base: int | None = None,
+) -> int:
     """Started as the agent starts a plain container (posixspawn.py: its fds and exec errors),
-    the signals in `ignores` left ignored. The server is back in `home`, its own namespace,
-    when this returns."""
+    in a copy of the namespace the server is in (of `base`, if given), the signals in
+    `ignores` left ignored. The server is back in `home` when this returns."""
     global _astray
-    launcher.unshare()
     try:
-        launcher.set_up_mounts_of(config, fds[LAUNCH_FDS:])
+        if base is not None and launcher.c_library().setns(base, launcher.CLONE_NEWNS) != 0:
+            raise launcher.LaunchError("mount", "cannot enter the launch namespace (setns)")
+        launcher.unshare()
+        launcher.set_up_mounts_of(config, trees)
         cwd = str(config["cwd"])
         err = launcher.chdir(cwd)  # entered here, in the container's mounts, as a launcher would
         if err is not None:
@@ -173,7 +191,7 @@ def _spawn_in_namespace(config: dict[str, Any], fds: list[int], home: int, ignor
         env = {str(k): str(v) for k, v in config["env"].items()}
         try:
             pid = posixspawn.spawn_process(
-                argv[0], argv, env, cwd, fds[1], fds[2], keep_ignored=ignores
+                argv[0], argv, env, cwd, stdin, out, keep_ignored=ignores
             )
         except (OSError, ValueError) as e:
             raise launcher.exec_failed(e) from e
@@ -188,10 +206,12 @@ def _failed(stage: str, e: OSError) -> tuple[Any, ...]:
     return ("failed", stage, e.errno, e.strerror, e.filename)
 
 
-def _spawn_plain(request: tuple[Any, ...], stdin: int) -> tuple[Any, ...]:
-    """A "spawn" request answered (above), in the order starts.py's plain route takes: the
-    marker, the log's directory, the working directory looked at, the log file, the spawn."""
-    _, marker, sandbox, log_path, argv, env, cwd = request
+def _marker_and_log(
+    marker: str, sandbox: str, log_path: str, cwd: str | None
+) -> int | tuple[Any, ...]:
+    """A start's files, in the order starts.py's plain route takes: the marker, the log's
+    directory, the working directory looked at (if given), the log file: its fd, or the
+    failure's answer."""
     try:
         try:
             os.link(sandbox, marker)  # no new inode (starts.py says why)
@@ -204,16 +224,24 @@ def _spawn_plain(request: tuple[Any, ...], stdin: int) -> tuple[Any, ...]:
     log_dir = os.path.dirname(log_path)
     with contextlib.suppress(OSError):  # the log file's open below says why
         os.makedirs(log_dir, mode=0o700, exist_ok=True)
-    if not os.path.isdir(cwd):
+    if cwd is not None and not os.path.isdir(cwd):
         return ("failed", "cwd", 0, "", cwd)
     try:
         try:
-            log_fd = os.open(log_path, LOG_FLAGS, 0o600)
+            return os.open(log_path, LOG_FLAGS, 0o600)
         except FileNotFoundError:
             os.makedirs(log_dir, mode=0o700, exist_ok=True)
-            log_fd = os.open(log_path, LOG_FLAGS, 0o600)
+            return os.open(log_path, LOG_FLAGS, 0o600)
     except OSError as e:
         return _failed("log", e)
+
+
+def _spawn_plain(request: tuple[Any, ...], stdin: int) -> tuple[Any, ...]:
+    """A "spawn" request answered (above): its files (`_marker_and_log`), then the spawn."""
+    _, marker, sandbox, log_path, argv, env, cwd = request
+    log_fd = _marker_and_log(marker, sandbox, log_path, cwd)
+    if isinstance(log_fd, tuple):
+        return log_fd
     try:
         pid = posixspawn.spawn_process(str(argv[0]), argv, env, cwd, stdin, log_fd)
     except OSError as e:
@@ -226,6 +254,74 @@ def _spawn_plain(request: tuple[Any, ...], stdin: int) -> tuple[Any, ...]:
         with contextlib.suppress(OSError):  # started or not, the close changes nothing of it
             os.close(log_fd)
     return ("spawned", pid)
+
+
+def _clone_trees(config: dict[str, Any]) -> list[int]:
+    """Each bind's source cloned (open_tree) as the server's namespace, the agent's, has it,
+    each mount given the index of its tree (spawn.py's `_clone_trees`, in the server): the
+    launch namespace has no pod's volume."""
+    trees: list[int] = []
+    try:
+        for m in config.get("mounts") or []:
+            source, target = str(m["source"]), str(m["target"])
+            try:
+                trees.append(launcher.clone_tree(source))
+            except OSError as e:
+                why = f"{source} is missing" if e.errno == ENOENT else e.strerror
+                raise launcher.LaunchError(
+                    "mount", f"cannot mount {source} at {target}: {why}", e.errno
+                ) from None
+            m["tree"] = len(trees) - 1
+    except BaseException:
+        for fd in trees:
+            os.close(fd)
+        raise
+    return trees
+
+
+def _spawn_mounted(
+    request: tuple[Any, ...], stdin: int, home: int, base: int | None, ignores: int
+) -> tuple[Any, ...]:
+    """A "spawn-in-namespace" request answered (above): the files as for "spawn" (the
+    working directory is looked at in the container's mounts), the sources' trees cloned here,
+    in the agent's namespace, then the container spawned in a copy of `base` (the server's
+    launch namespace) with them mounted, as a launch server spawns one."""
+    _, marker, sandbox, log_path, config = request
+    log_fd = _marker_and_log(marker, sandbox, log_path, None)
+    if isinstance(log_fd, tuple):
+        return log_fd
+    try:
+        # Without a launch namespace (no open_tree, or no pods directory's mount), a copy of
+        # the agent's: its binds by path, and every pod's volume detached from it.
+        config["pods_detached"] = base is not None
+        trees = _clone_trees(config) if base is not None else []
+        try:
+            return (
+                "spawned",
+                _spawn_in_namespace(config, stdin, log_fd, trees, home, ignores, base),
+            )
+        finally:
+            for fd in trees:
+                os.close(fd)
+    except Exception as e:
+        return ("failed", "launch", launcher.report_of(e))
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(log_fd)
+
+
+def _launch_namespace(pods_dir: str | None, home: int) -> int | None:
+    """For a server that stays in the agent's namespace (its plain spawns run there): the
+    launch server's own namespace (`own_namespace`) made once and held by an fd, the server
+    back in `home`; None where it cannot be made (each launch then copies the agent's)."""
+    if not pods_dir:
+        return None
+    made = own_namespace(pods_dir)
+    base = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC) if made else None
+    moved = os.stat("/proc/self/ns/mnt").st_ino != os.fstat(home).st_ino
+    if moved and launcher.c_library().setns(home, launcher.CLONE_NEWNS) != 0:
+        os._exit(launcher.EXIT_FAILED)  # its plain spawns would be in the wrong mounts
+    return base
 
 
 def _inherited_ignores() -> int:
@@ -255,12 +351,18 @@ def _kill(pid: int) -> tuple[Any, ...]:
     return ("killed",)
 
 
-def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
+def serve(socket_fd: int, agent_pid: int, pods_dir: str | None, in_agent_namespace: bool) -> None:
     launcher.prctl("server", "cannot follow the agent's death", PR_SET_PDEATHSIG, SIGKILL)
     if os.getppid() != agent_pid:
         os._exit(0)  # the agent died before the line above
-    pods_detached = bool(pods_dir) and own_namespace(str(pods_dir))
-    home = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    base: int | None = None
+    if in_agent_namespace:
+        home = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        base = _launch_namespace(pods_dir, home)
+        pods_detached = False
+    else:
+        pods_detached = bool(pods_dir) and own_namespace(str(pods_dir))
+        home = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     os.set_inheritable(socket_fd, False)  # nothing a container spawned here should hold
     server = socket.socket(fileno=socket_fd)
     libc = launcher.c_library()
@@ -289,10 +391,15 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
                 reply = ("error", f"a request longer than {REQUEST_BYTES} bytes")
             elif request[0] == "spawn" and len(request) == 7:
                 reply = _spawn_plain(request, null_stdin)
+            elif request[0] == "spawn-in-namespace" and len(request) == 5:
+                if not spawnable_here or not launcher.spawnable(request[4]):
+                    reply = ("error", "not a container this server can spawn")
+                else:
+                    reply = _spawn_mounted(request, null_stdin, home, base, ignores)
             elif request[0] == "launch" and len(fds) >= LAUNCH_FDS:
                 config = marshal.loads(launcher.read_all(fds[0], close=False))
                 config["pods_detached"] = pods_detached
-                if spawnable_here and spawnable(config):
+                if spawnable_here and launcher.spawnable(config):
                     reply = ("launched", _spawned_launch(config, fds, home, ignores))
                 else:
                     reply = ("launched", _forked_launch(config, fds, socket_fd))
@@ -318,7 +425,12 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None) -> None:
 
 
 def main() -> None:
-    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
+    args = sys.argv[1:]
+    in_agent_namespace = IN_AGENT_NAMESPACE in args
+    if in_agent_namespace:
+        args.remove(IN_AGENT_NAMESPACE)
+    pods_dir = args[2] if len(args) > 2 else None
+    serve(int(args[0]), int(args[1]), pods_dir, in_agent_namespace)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,9 @@ class ProcessRuntime:
         self._state = StateWriter()
         # Start the plain containers (spawnserver.py), and fork the launchers of those that
         # need one (launchserver.py), which also answers for the spawn servers' children.
-        self._spawns = SpawnServers(SERVER_ARGV, dict(LAUNCHER_ENV))
+        self._spawns = SpawnServers(
+            SERVER_ARGV, dict(LAUNCHER_ENV), pods_dir=str(self._volumes_dir)
+        )
         self._launcher = LaunchServer(
             dict(LAUNCHER_ENV), pods_dir=str(self._volumes_dir), spawns=self._spawns
         )

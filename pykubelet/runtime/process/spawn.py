@@ -579,13 +579,21 @@ async def spawn_launched(
 
 
 def _launch_error(report: bytes, launch: dict[str, Any]) -> StartError:
-    program, cwd = str(launch["argv"][0]), str(launch["cwd"])
     try:
         # Our own launcher wrote it, before it exec'd anything else (the pipe is close-on-exec).
         data = marshal.loads(report)
-        stage, code, message = str(data["stage"]), data.get("errno"), str(data["message"])
-    except (ValueError, EOFError, KeyError, TypeError, AttributeError):
+    except (ValueError, EOFError):
         return StartError("RunContainerError", f"the launcher failed: {report[:200]!r}")
+    return launch_error(data, launch)
+
+
+def launch_error(data: Any, launch: dict[str, Any]) -> StartError:
+    """A launcher's report (launcher.py's `report_of`) as the start's error."""
+    program, cwd = str(launch["argv"][0]), str(launch["cwd"])
+    try:
+        stage, code, message = str(data["stage"]), data.get("errno"), str(data["message"])
+    except (KeyError, TypeError, AttributeError):
+        return StartError("RunContainerError", f"the launcher failed: {data!r:.200}")
     if stage == "exec":
         if not isinstance(code, int):
             return StartError("CreateContainerConfigError", f"cannot start {program!r}: {message}")

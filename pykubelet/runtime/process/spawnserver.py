@@ -1,5 +1,6 @@
-"""Plain containers (no launcher, stdin or terminal) started by servers of their own, asked from
-the event loop itself: the agent's side of launchserver_main.py's "spawn" request.
+"""Plain containers (no launcher, stdin or terminal), and those that ask for their mounts alone
+(a pod's volumes), started by servers of their own, asked from the event loop itself: the
+agent's side of launchserver_main.py's "spawn" and "spawn-in-namespace" requests.
 
 Started in a thread of the agent's, a plain container cost a thread hop (a pool thread woken,
 the interpreter lock taken back after each of its system calls, the loop woken again), and its
@@ -17,10 +18,14 @@ What this module promises:
   `SpawnFailed` saying at which step and why (which the caller words as that route does),
   `ServerUnavailable` when no server answered and nothing of the container runs, and
   `RequestTooLarge` for a request no message carries; in those two cases the caller starts
-  the container itself. A server given up with the request in flight (it died, its answer
-  could not be read, or none came within ANSWER_TIMEOUT) is killed, waited for, and what it
-  may have started killed by the container's tag (processes.kill_tagged) before the
-  ServerUnavailable; a failed server is not asked again for RETRY_SECONDS;
+  the container itself. `SpawnServers.launch` does the same for a container that asks for
+  its mounts alone (launcher.spawnable), started as a launch server starts one: in a mount
+  namespace of its own without the other pods' volumes, its own cloned by the server from
+  the agent's namespace; or raises `LaunchFailed` with the launcher's report. A server given
+  up with the request in flight (it died, its answer could not be read, or none came within
+  ANSWER_TIMEOUT) is killed, waited for, and what it may have started killed by the
+  container's tag (processes.kill_tagged) before the ServerUnavailable; a failed server is
+  not asked again for RETRY_SECONDS;
 - requests are sent as they come, never waiting for the previous answer (each server answers
   in order), to the first server with none in flight, else the one with the fewest; there
   are SPAWN_SERVERS servers, started by `start_all` before the first start (or by the first
@@ -53,6 +58,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pykubelet.runtime.process.processes import kill_tagged, readable, settle
+
+# launchserver_main.py's flag for a server that stays in the agent's mount namespace (that
+# module imports the standard library alone, loaded by path, and is not imported here).
+IN_AGENT_NAMESPACE = "--in-agent-namespace"
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +102,15 @@ class SpawnFailed(Exception):
         self.error = error
 
 
+class LaunchFailed(Exception):
+    """The server could not start a container in a namespace of its own: `report` is the
+    launcher's report of why (launcher.py's `report_of`: stage, errno, message)."""
+
+    def __init__(self, report: Any) -> None:
+        super().__init__(report)
+        self.report = report
+
+
 class RequestTooLarge(Exception):
     """The container's command and environment do not fit in one request."""
 
@@ -101,11 +119,18 @@ class SpawnServers:
     """Up to `servers` spawn servers (launchserver_main.py processes), asked from the loop."""
 
     def __init__(
-        self, argv: Sequence[str], env: dict[str, str], servers: int = SPAWN_SERVERS
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        servers: int = SPAWN_SERVERS,
+        pods_dir: str | None = None,
     ) -> None:
         """`argv`: how a server is started (launchserver.SERVER_ARGV), given its socket's fd
-        and the agent's pid after it; `env`: its environment."""
-        self._servers = [_Server(argv, env) for _ in range(max(1, servers))]
+        and the agent's pid after it; `env`: its environment; `pods_dir`: where the pods'
+        volumes are mounted, which the namespaces of the containers it starts with mounts of
+        their own (`launch`) leave out."""
+        args = (*([pods_dir] if pods_dir else []), IN_AGENT_NAMESPACE)
+        self._servers = [_Server(argv, env, args) for _ in range(max(1, servers))]
         self._thread: ThreadPoolExecutor | None = None
         self._prestarts: set[asyncio.Future[None]] = set()
 
@@ -141,7 +166,25 @@ class SpawnServers:
         the tag in its environment (processes.ID_VARIABLE), by which it is killed if its
         server is lost with the request in flight. A caller cancelled meanwhile waits for the
         answer, and what was started is killed and reaped first."""
-        request = marshal.dumps(("spawn", marker, sandbox_record, log_path, argv, env, cwd))
+        request = ("spawn", marker, sandbox_record, log_path, argv, env, cwd)
+        return await self._started(request, container_id)
+
+    async def launch(
+        self,
+        container_id: str,
+        marker: str,
+        sandbox_record: str,
+        log_path: str,
+        instructions: dict[str, Any],
+    ) -> int:
+        """As `spawn`, for a container that asks for its mounts alone (launcher.spawnable):
+        started by the server in a mount namespace of its own made from the launcher's
+        `instructions`, as a launch server starts one; LaunchFailed says why it could not be."""
+        request = ("spawn-in-namespace", marker, sandbox_record, log_path, instructions)
+        return await self._started(request, container_id)
+
+    async def _started(self, fields: tuple[Any, ...], container_id: str) -> int:
+        request = marshal.dumps(fields)
         if len(request) > REQUEST_BYTES:
             raise RequestTooLarge(f"{len(request)} bytes")
         server = self._least_busy()
@@ -163,6 +206,8 @@ class SpawnServers:
             return pid
         if answer[0] != "failed":
             raise ServerUnavailable(f"the spawn server refused: {answer[1]!r:.200}")
+        if answer[1] == "launch":
+            raise LaunchFailed(answer[2])
         _, stage, number, reason, filename = answer
         raise SpawnFailed(stage, OSError(number, reason, filename) if number else reason)
 
@@ -296,9 +341,10 @@ def _waited(proc: subprocess.Popen[bytes]) -> None:
 class _Server:
     """One server process and its socket, read by the loop; its answers come in order."""
 
-    def __init__(self, argv: Sequence[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: Sequence[str], env: dict[str, str], args: Sequence[str]) -> None:
         self._argv = argv
         self._env = env
+        self._args = args
         self._proc: subprocess.Popen[bytes] | None = None
         self._socket: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -369,7 +415,7 @@ class _Server:
     def start_process(self) -> socket.socket:
         """The server's process started (in the owner's thread, blocking); our socket to it."""
         self.stop()  # one that failed before: its process waited for
-        self._proc, ours = server_process(self._argv, self._env)
+        self._proc, ours = server_process(self._argv, self._env, *self._args)
         ours.setblocking(False)
         log.debug("spawn server started (pid %d)", self._proc.pid)
         return ours

@@ -5,8 +5,11 @@
   marker, the log's directory and file and the fork+exec in that process), the pidfd opened
   here; without a server, all of it in one thread hop (posix_spawn without the interpreter
   lock);
-- through the launch server, without cgroups of its own, stdin or terminal (a pod with volumes):
-  the marker and the log's directory in the launch's own thread hop, before the fork;
+- with mounts alone (a pod with volumes; no cgroups, stdin, terminal, user or capabilities):
+  asked of a spawn server from the loop as a plain start is, the server making its mount
+  namespace (spawnserver.py); without a server, as the next;
+- through the launch server, without cgroups of its own, stdin or terminal: the marker and
+  the log's directory in the launch's own thread hop, before the fork;
 - with cgroups, stdin or a terminal: the marker and the log's directory in a thread hop, then the
   cgroups, the stdio and the fork+exec (through the launcher, or on the loop).
 
@@ -33,12 +36,14 @@ from pykubelet.runtime.base import ContainerConfig, RuntimeFailure, StartError
 from pykubelet.runtime.process import statefile
 from pykubelet.runtime.process.attach import ContainerStdio
 from pykubelet.runtime.process.cgroups import Cgroups, Settings
+from pykubelet.runtime.process.launcher import spawnable
 from pykubelet.runtime.process.launchserver import LaunchServer
 from pykubelet.runtime.process.processes import settle
 from pykubelet.runtime.process.records import SANDBOX_FILE
 from pykubelet.runtime.process.spawn import (
     Stdio,
     exec_error,
+    launch_error,
     open_log,
     os_reason,
     spawn,
@@ -48,6 +53,7 @@ from pykubelet.runtime.process.spawn import (
     state_write_error,
 )
 from pykubelet.runtime.process.spawnserver import (
+    LaunchFailed,
     RequestTooLarge,
     ServerUnavailable,
     SpawnFailed,
@@ -164,25 +170,39 @@ class ContainerStarts:
         in that process, the pidfd opened here. Where no server answers, or the command and
         its environment do not fit in one request, in a thread hop of the agent's own. Its
         start time is read with the state file."""
+        spawned = await self._served(start, None)
+        return spawned if spawned is not None else await self._spawn_plain_here(start)
+
+    async def _served(self, start: Start, launch: dict[str, Any] | None) -> Spawned | None:
+        """The container started by a spawn server (plainly, or following `launch`); None if
+        no server could (nothing of it runs then: a server lost mid-request had what it may
+        have started killed by its tag), and the caller starts it itself."""
         starting = start.starting
+        marker, sandbox = str(starting), str(starting.with_name(SANDBOX_FILE))
+        log_path = str(start.log_path)
         try:
-            pid = await self._spawns.spawn(
-                start.container_id,
-                str(starting),
-                str(starting.with_name(SANDBOX_FILE)),
-                str(start.log_path),
-                start.argv,
-                start.env,
-                start.cwd,
-            )
+            if launch is None:
+                pid = await self._spawns.spawn(
+                    start.container_id,
+                    marker,
+                    sandbox,
+                    log_path,
+                    start.argv,
+                    start.env,
+                    start.cwd,
+                )
+            else:
+                pid = await self._spawns.launch(
+                    start.container_id, marker, sandbox, log_path, launch
+                )
         except (RequestTooLarge, ServerUnavailable):
-            # Nothing of it runs (a server lost mid-request had what it may have started
-            # killed by its tag): the agent starts it itself.
-            return await self._spawn_plain_here(start)
+            return None
         except BaseException as e:
             await asyncio.to_thread(statefile.remove, starting)
             if isinstance(e, SpawnFailed):
                 raise _start_error(e, start) from None
+            if isinstance(e, LaunchFailed) and launch is not None:
+                raise launch_error(e.report, launch) from None
             raise
         try:
             pidfd = lockedio.pidfd_open(pid)
@@ -208,11 +228,17 @@ class ContainerStarts:
 
     async def _spawn_launched(self, start: Start, launch: dict[str, Any]) -> Spawned:
         """A start through the launcher without cgroups of its own, stdin or terminal (a pod
-        with volumes, say): the marker and the log's directory made in the launch's own thread
-        hop, before the fork (each hop is a wake of a thread and then of the loop)."""
+        with volumes, say). One that asks for its mounts alone is asked of a spawn server from
+        the loop, as a plain one is; else, or without a server, the marker and the log's
+        directory are made in the launch's own thread hop, before the fork (each hop is a wake
+        of a thread and then of the loop)."""
         starting, log_path, cwd = start.starting, start.log_path, start.cwd
         launch["pods_dir"] = str(self._volumes_dir)
         launch["cgroups"] = []
+        if spawnable(launch):
+            spawned = await self._served(start, launch)
+            if spawned is not None:
+                return spawned
         prepare = functools.partial(_prepare_start, starting, log_path, False, cwd)
         try:
             pid, pidfd, start_time = await spawn_launched(
