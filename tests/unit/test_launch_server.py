@@ -40,8 +40,8 @@ def state_of(pid: int) -> str:
 
 
 def servers(spawn: bool = False) -> list[int]:
-    """This process's launch servers (FD AGENT_PID PODS_DIR), or with `spawn` its spawn
-    servers (the same, --in-agent-namespace); live ones."""
+    """This process's live launch servers, or with `spawn` its spawn servers (started
+    --in-agent-namespace)."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -49,8 +49,7 @@ def servers(spawn: bool = False) -> list[int]:
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             at = next(i for i, a in enumerate(argv) if a.endswith(b"/launchserver_main.py"))
-            args = [a for a in argv[at + 1 :] if a]
-            kind = args[-1] == b"--in-agent-namespace" if len(args) == 4 else len(args) != 3
+            kind = b"--in-agent-namespace" in argv[at + 1 :]
             mine = parent_of(int(entry)) == os.getpid() and state_of(int(entry)) != "Z"
             if kind == spawn and mine:
                 found.append(int(entry))
@@ -139,6 +138,8 @@ async def mounts_alone(rt: ProcessRuntime, tmp_path: Path) -> int:
         e.value.message
         == f"cannot mount {tmp_path}/gone at {tmp_path}/at: {tmp_path}/gone is missing"
     )
+    pod_dir = tmp_path / "runtime" / "process" / pod.uid
+    assert pod_dir.is_dir() and list(pod_dir.glob("*.starting")) == []  # the failures' gone
     second = await rt.start_container(
         pod, sb, with_(sh("cat at/data", name="c", working_dir=str(tmp_path)), mounts=mounts)
     )

@@ -11,14 +11,16 @@ import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pykubelet.runtime.process import spawnserver
 from pykubelet.runtime.process.launchserver import SERVER_ARGV
-from pykubelet.runtime.process.processes import ID_VARIABLE
+from pykubelet.runtime.process.processes import ID_VARIABLE, readable
 from pykubelet.runtime.process.spawnserver import (
     REQUEST_BYTES,
+    LaunchFailed,
     RequestTooLarge,
     ServerUnavailable,
     SpawnFailed,
@@ -256,3 +258,56 @@ async def test_a_server_that_cannot_start_is_not_tried_again_at_once(tmp_path: P
     finally:
         spawns.detach()
         await asyncio.to_thread(spawns.close)
+
+
+def mounted(source: str, target: str, argv: list[str], cwd: str = "/") -> dict[str, Any]:
+    """A launcher's instructions for a container that asks for one bind alone."""
+    return {
+        "cgroups": [],
+        "mounts": [{"source": source, "target": target, "read_only": True}],
+        "read_only_root": False,
+        "uid": None,
+        "gid": None,
+        "groups": None,
+        "cwd": cwd,
+        "argv": argv,
+        "env": dict(ENV),
+        "home_of_user": True,
+        "tty": False,
+        "no_new_privs": False,
+        "capabilities": None,
+    }
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root")
+async def test_a_launch_that_fails_says_why_and_the_server_serves_on(
+    spawns: SpawnServers, tmp_path: Path
+) -> None:
+    """However long the reason (a missing source's path twice), the answer is read whole: the
+    server is not given up, and its next start is its own."""
+    pod = Pod(tmp_path)
+    missing = str(tmp_path.joinpath(*[c * 200 for c in "defghijklm"]) / "gone")
+    tag, marker, record, log, *_ = pod.args("a", ["true"])
+    instructions = mounted(missing, str(tmp_path / "at"), ["true"])
+    with pytest.raises(LaunchFailed) as failed:
+        await spawns.launch(tag, marker, record, log, instructions)
+    assert failed.value.report["message"] == (
+        f"cannot mount {missing} at {tmp_path / 'at'}: {missing} is missing"
+    )
+    (tmp_path / "volume").mkdir()
+    (tmp_path / "volume" / "data").write_text("in the volume\n")
+    (tmp_path / "at").mkdir()
+    tag, marker, record, log, *_ = pod.args("b", ["cat", "at/data"])
+    instructions = mounted(
+        str(tmp_path / "volume"), str(tmp_path / "at"), ["cat", "at/data"], str(tmp_path)
+    )
+    pid = await spawns.launch(tag, marker, record, log, instructions)
+    assert spawns.owns(pid)
+    pidfd = os.pidfd_open(pid)
+    try:
+        await readable(pidfd)
+    finally:
+        os.close(pidfd)
+    assert await spawns.reap(pid) == 0
+    assert Path(log).read_text() == "in the volume\n" and Path(marker).exists()
+    assert list((tmp_path / "at").iterdir()) == []  # mounted in the container's namespace alone

@@ -31,20 +31,21 @@ Over SOCKET_FD (a SOCK_SEQPACKET socket, one message a request, served in order)
 A request longer than REQUEST_BYTES is refused, not read in part.
 The server dies with the agent (PR_SET_PDEATHSIG); its children, the containers, run on.
 
-Given PODS_DIR and a kernel with open_tree, the server runs in a mount namespace of its own: the
-host's, a slave of it (the host's mounts reach it where they are shared, as under systemd;
-nothing goes back), without the pods directory's mount, so without any pod's volume. A
-launcher's unshare then copies a few mounts, not one per pod's volume (at 1,000 pods, 0.8 ms
-more CPU a launch, and the kernel's mount lock held as long), and its volumes come as trees the
-agent cloned in the host's namespace.
+Given PODS_DIR and a kernel with open_tree, a launch server runs in a mount namespace of its
+own (a spawn server holds one, below): the host's, a slave of it (the host's mounts reach it
+where they are shared, as under systemd; nothing goes back), without the pods directory's
+mount, so without any pod's volume. A launcher's unshare then copies a few mounts, not one per
+pod's volume (at 1,000 pods, 0.8 ms more CPU a launch, and the kernel's mount lock held as
+long), and its volumes come as trees the agent cloned in the host's namespace.
 
 A container that asks for its mounts alone (no cgroup, user, capability, no_new_privs or
 terminal: what only the process itself can take) is not forked: the server makes its mount
 namespace, enters it (unshare), spawns the command there with posix_spawn, which shares the
 server's memory until the exec instead of copying it, and goes back to its own namespace
-(setns). A forked launcher cost 3.5 ms of CPU a container here, most of it the kernel copying
-the pages the child's Python wrote to and tearing the copy down at the exec; this, 1.4 ms. A
-failure is reported on the error pipe as a launcher's, by a child that exits at once.
+(setns; a spawn server to the agent's). A forked launcher cost 3.5 ms of CPU a container here,
+most of it the kernel copying the pages the child's Python wrote to and tearing the copy down
+at the exec; this, 1.4 ms. A failure is reported on the error pipe as a launcher's, by a child
+that exits at once (to a spawn server's asker, in its answer).
 
 With --in-agent-namespace (the spawn servers, spawnserver.py) the server stays in the agent's
 namespace, where its plain spawns run and the volumes' sources are, and holds the namespace
@@ -57,6 +58,7 @@ without a thread hop, the marker and the log's files made here too (spawnserver.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib.util
 import marshal
 import os
@@ -89,6 +91,8 @@ if not TYPE_CHECKING:
 
 PR_SET_PDEATHSIG = 1
 REQUEST_BYTES = 65536
+# The longest message text in an answer, which the agent reads in one REQUEST_BYTES message.
+ANSWER_TEXT = 16384  # a few paths of PATH_MAX
 LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
 ENOENT, ENOTDIR = 2, 20  # errno's, without importing errno
 LAUNCH_CALLS = ("unshare", "mount", "umount2", "syscall", "prctl", "setns")
@@ -96,8 +100,9 @@ SIGKILL = 9
 LAUNCH_FDS = 4
 # The spawn servers' flag (spawnserver.py): the server stays in the agent's mount namespace.
 IN_AGENT_NAMESPACE = "--in-agent-namespace"
-# Set when the server could not go back to its own namespace after a spawn (never seen): it
-# must not start the next container in that one's mounts, and exits after answering.
+# Set when the server could not go back to its own namespace (a spawn server: the agent's) after
+# a spawn (never seen): it must not start the next container in that one's mounts, and exits
+# after answering.
 _astray = False
 
 
@@ -179,8 +184,11 @@ def _spawn_in_namespace(
     `ignores` left ignored. The server is back in `home` when this returns."""
     global _astray
     try:
-        if base is not None and launcher.c_library().setns(base, launcher.CLONE_NEWNS) != 0:
-            raise launcher.LaunchError("mount", "cannot enter the launch namespace (setns)")
+        libc = launcher.c_library()
+        if base is not None and libc.setns(base, launcher.CLONE_NEWNS) != 0:
+            number = ctypes.get_errno()
+            why = f"cannot enter the launch namespace (setns): {os.strerror(number)}"
+            raise launcher.LaunchError("mount", why, number)
         launcher.unshare()
         launcher.set_up_mounts_of(config, trees)
         cwd = str(config["cwd"])
@@ -304,7 +312,9 @@ def _spawn_mounted(
             for fd in trees:
                 os.close(fd)
     except Exception as e:
-        return ("failed", "launch", launcher.report_of(e))
+        report = launcher.report_of(e)
+        report["message"] = report["message"][:ANSWER_TEXT]  # an answer is one short message
+        return ("failed", "launch", report)
     finally:
         with contextlib.suppress(OSError):
             os.close(log_fd)
@@ -314,7 +324,9 @@ def _launch_namespace(pods_dir: str | None, home: int) -> int | None:
     """For a server that stays in the agent's namespace (its plain spawns run there): the
     launch server's own namespace (`own_namespace`) made once and held by an fd, the server
     back in `home`; None where it cannot be made (each launch then copies the agent's)."""
-    if not pods_dir:
+    if not pods_dir or os.readlink("/proc/self/root") != "/":
+        # In a chroot, a setns would take the server out of it: launches are refused
+        # (`serve`), and go through the launch servers.
         return None
     made = own_namespace(pods_dir)
     base = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC) if made else None
@@ -369,6 +381,8 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None, in_agent_namespa
     for name in LAUNCH_CALLS:
         getattr(libc, name)  # looked up once here, not in every launcher
     spawnable_here = posixspawn.available()
+    # A setns (back to `home`) would take the server out of a chroot (`_launch_namespace`).
+    launches_here = spawnable_here and os.readlink("/proc/self/root") == "/"
     ignores = _inherited_ignores()  # as the server was started: read once
     # The stdin of the containers it spawns plainly, as the agent's own (spawn.null_stdin).
     null_stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -392,7 +406,7 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None, in_agent_namespa
             elif request[0] == "spawn" and len(request) == 7:
                 reply = _spawn_plain(request, null_stdin)
             elif request[0] == "spawn-in-namespace" and len(request) == 5:
-                if not spawnable_here or not launcher.spawnable(request[4]):
+                if not launches_here or not launcher.spawnable(request[4]):
                     reply = ("error", "not a container this server can spawn")
                 else:
                     reply = _spawn_mounted(request, null_stdin, home, base, ignores)
@@ -421,7 +435,9 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None, in_agent_namespa
         except OSError:
             os._exit(0)  # the agent closed its end, or gave the server up
         if _astray:
-            os._exit(launcher.EXIT_FAILED)  # the agent starts another server at its next launch
+            os._exit(
+                launcher.EXIT_FAILED
+            )  # the agent starts another one (launchserver.py, spawnserver.py)
 
 
 def main() -> None:

@@ -21,7 +21,9 @@ What this module promises:
   the container itself. `SpawnServers.launch` does the same for a container that asks for
   its mounts alone (launcher.spawnable), started as a launch server starts one: in a mount
   namespace of its own without the other pods' volumes, its own cloned by the server from
-  the agent's namespace; or raises `LaunchFailed` with the launcher's report. A server given
+  the agent's namespace (bound by their path in a copy of the agent's, where the server has
+  no launch namespace: no open_tree, or no pods directory's mount); or raises `LaunchFailed`
+  with the launcher's report. A server given
   up with the request in flight (it died, its answer could not be read, or none came within
   ANSWER_TIMEOUT) is killed, waited for, and what it may have started killed by the
   container's tag (processes.kill_tagged) before the ServerUnavailable; a failed server is
@@ -75,7 +77,8 @@ REQUEST_BYTES = 65536
 # After a server could not be started or failed, the starts go without it for this long.
 RETRY_SECONDS = 60.0
 # An answer is a spawn's time (under a millisecond here): a server that gives none for this
-# long is stuck (an exec on a dead network file system, say) and is given up.
+# long is stuck (an exec, or a volume's mount, on a dead network file system, say) and is
+# given up.
 ANSWER_TIMEOUT = 30.0
 
 
@@ -179,7 +182,8 @@ class SpawnServers:
     ) -> int:
         """As `spawn`, for a container that asks for its mounts alone (launcher.spawnable):
         started by the server in a mount namespace of its own made from the launcher's
-        `instructions`, as a launch server starts one; LaunchFailed says why it could not be."""
+        `instructions`, as a launch server starts one. SpawnFailed says why its marker or log
+        file could not be made, LaunchFailed why it could not be started."""
         request = ("spawn-in-namespace", marker, sandbox_record, log_path, instructions)
         return await self._started(request, container_id)
 
@@ -406,7 +410,9 @@ class _Server:
 
     def _overdue(self, answer: asyncio.Future[Any]) -> None:
         if not answer.done():
-            self.detach(f"no answer within {ANSWER_TIMEOUT:g} s (a start stuck in an exec?)")
+            self.detach(
+                f"no answer within {ANSWER_TIMEOUT:g} s (a start stuck in an exec or a mount?)"
+            )
 
     def reopen(self) -> None:
         """Startable again after a `detach` as the agent stopped (the runtime started again)."""
@@ -459,7 +465,7 @@ class _Server:
     def _readable(self) -> None:
         while self._socket is not None:
             try:
-                data = self._socket.recv(4096)
+                data = self._socket.recv(REQUEST_BYTES)  # an answer is shorter (ANSWER_TEXT)
             except BlockingIOError:
                 return
             except OSError as e:
