@@ -220,6 +220,29 @@ def clone_tree(path: str) -> int:
     return _open_tree(path, OPEN_TREE_CLONE | AT_RECURSIVE)
 
 
+def clone_trees(mounts: list[dict[str, Any]]) -> list[int]:
+    """Each mount's source cloned (`clone_tree`) as this namespace sees it, the mount given
+    the index of its tree ("tree"); their fds. A source that cannot be cloned fails the
+    whole (a LaunchError naming it and its target), the trees cloned before it closed."""
+    trees: list[int] = []
+    try:
+        for m in mounts:
+            source, target = str(m["source"]), str(m["target"])
+            try:
+                trees.append(clone_tree(source))
+            except OSError as e:
+                why = f"{source} is missing" if e.errno == errnos.ENOENT else e.strerror
+                raise LaunchError(
+                    "mount", f"cannot mount {source} at {target}: {why}", e.errno
+                ) from None
+            m["tree"] = len(trees) - 1
+    except BaseException:
+        for fd in trees:
+            os.close(fd)
+        raise
+    return trees
+
+
 def _move_tree(libc: Any, tree: int, point_fd: int, what: str) -> None:
     result = libc.syscall(
         ctypes.c_long(SYS_MOVE_MOUNT),

@@ -264,29 +264,6 @@ def _spawn_plain(request: tuple[Any, ...], stdin: int) -> tuple[Any, ...]:
     return ("spawned", pid)
 
 
-def _clone_trees(config: dict[str, Any]) -> list[int]:
-    """Each bind's source cloned (open_tree) as the server's namespace, the agent's, has it,
-    each mount given the index of its tree (spawn.py's `_clone_trees`, in the server): the
-    launch namespace has no pod's volume."""
-    trees: list[int] = []
-    try:
-        for m in config.get("mounts") or []:
-            source, target = str(m["source"]), str(m["target"])
-            try:
-                trees.append(launcher.clone_tree(source))
-            except OSError as e:
-                why = f"{source} is missing" if e.errno == ENOENT else e.strerror
-                raise launcher.LaunchError(
-                    "mount", f"cannot mount {source} at {target}: {why}", e.errno
-                ) from None
-            m["tree"] = len(trees) - 1
-    except BaseException:
-        for fd in trees:
-            os.close(fd)
-        raise
-    return trees
-
-
 def _spawn_mounted(
     request: tuple[Any, ...], stdin: int, home: int, base: int | None, ignores: int
 ) -> tuple[Any, ...]:
@@ -302,7 +279,8 @@ def _spawn_mounted(
         # Without a launch namespace (no open_tree, or no pods directory's mount), a copy of
         # the agent's: its binds by path, and every pod's volume detached from it.
         config["pods_detached"] = base is not None
-        trees = _clone_trees(config) if base is not None else []
+        # Cloned here, in the agent's namespace: the launch namespace has no pod's volume.
+        trees = launcher.clone_trees(config.get("mounts") or []) if base is not None else []
         try:
             return (
                 "spawned",

@@ -49,7 +49,7 @@ from pykubelet.common import lockedio
 from pykubelet.runtime.base import ContainerConfig, ExecResult, Mount, RuntimeFailure, StartError
 from pykubelet.runtime.process import posixspawn, statefile
 from pykubelet.runtime.process.hostexec import run_command
-from pykubelet.runtime.process.launcher import clone_tree, trees_supported
+from pykubelet.runtime.process.launcher import LaunchError, clone_trees, trees_supported
 from pykubelet.runtime.process.launchserver import (
     LAUNCHER_ARGV,
     LaunchServer,
@@ -395,22 +395,10 @@ def _clone_trees(launch: dict[str, Any]) -> list[int]:
     mounts = launch["mounts"]
     if not mounts or not _can_clone_trees():
         return []
-    trees: list[int] = []
     try:
-        for m in mounts:
-            source, target = m["source"], m["target"]
-            try:
-                trees.append(clone_tree(source))
-            except OSError as e:
-                why = f"{source} is missing" if e.errno == errno.ENOENT else e.strerror
-                message = f"cannot mount {source} at {target}: {why}"
-                raise StartError("RunContainerError", message) from None
-            m["tree"] = len(trees) - 1
-    except BaseException:
-        for fd in trees:
-            os.close(fd)
-        raise
-    return trees
+        return clone_trees(mounts)
+    except LaunchError as e:
+        raise StartError("RunContainerError", e.message) from None
 
 
 def state_write_error(e: OSError) -> StartError:
