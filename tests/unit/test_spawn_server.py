@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -311,3 +311,33 @@ async def test_a_launch_that_fails_says_why_and_the_server_serves_on(
     assert await spawns.reap(pid) == 0
     assert Path(log).read_text() == "in the volume\n" and Path(marker).exists()
     assert list((tmp_path / "at").iterdir()) == []  # mounted in the container's namespace alone
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace needs root")
+async def test_a_cancelled_or_lost_launch_leaves_no_process_behind(
+    spawns: SpawnServers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pod = Pod(tmp_path)
+    (tmp_path / "volume").mkdir()
+    (tmp_path / "at").mkdir()
+
+    def launch(name: str, argv: list[str]) -> Awaitable[int]:
+        tag, marker, record, log, *_ = pod.args(name, argv)
+        instructions = mounted(str(tmp_path / "volume"), str(tmp_path / "at"), argv)
+        instructions["env"][ID_VARIABLE] = tag  # what a lost request's container is found by
+        return spawns.launch(tag, marker, record, log, instructions)
+
+    await spawns.spawn(*pod.args("warm", ["true"]))  # the server runs: the next request is sent
+    task = asyncio.ensure_future(launch("a", ["sleep", "60.515151"]))
+    await asyncio.sleep(0)  # sent: the server is spawning it
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert running(["sleep", "60.515151"]) == []
+
+    # No answer in time (here: at once): the server is given up, and what it may have
+    # started is killed by its tag before the caller is told to start it itself.
+    monkeypatch.setattr(spawnserver, "ANSWER_TIMEOUT", 0.0)
+    with pytest.raises(ServerUnavailable):
+        await launch("b", ["sleep", "60.525252"])
+    assert running(["sleep", "60.525252"]) == []
