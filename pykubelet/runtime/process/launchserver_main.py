@@ -413,9 +413,8 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None, in_agent_namespa
         except OSError:
             os._exit(0)  # the agent closed its end, or gave the server up
         if _astray:
-            os._exit(
-                launcher.EXIT_FAILED
-            )  # the agent starts another one (launchserver.py, spawnserver.py)
+            # The agent starts another one (launchserver.py, spawnserver.py).
+            os._exit(launcher.EXIT_FAILED)
 
 
 def main() -> None:

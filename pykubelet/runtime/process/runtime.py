@@ -165,8 +165,9 @@ class ProcessRuntime:
         self._stdio: dict[str, ContainerStdio] = {}
         self._rotator = LogRotator()
         self._state = StateWriter()
-        # Start the plain containers (spawnserver.py), and fork the launchers of those that
-        # need one (launchserver.py), which also answers for the spawn servers' children.
+        # Start the plain containers and those with mounts alone (spawnserver.py), and fork
+        # the launchers of those that need one (launchserver.py), which also answers for the
+        # spawn servers' children.
         self._spawns = SpawnServers(
             SERVER_ARGV, dict(LAUNCHER_ENV), pods_dir=str(self._volumes_dir)
         )

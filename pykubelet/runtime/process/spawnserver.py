@@ -23,11 +23,10 @@ What this module promises:
   namespace of its own without the other pods' volumes, its own cloned by the server from
   the agent's namespace (bound by their path in a copy of the agent's, where the server has
   no launch namespace: no open_tree, or no pods directory's mount); or raises `LaunchFailed`
-  with the launcher's report. A server given
-  up with the request in flight (it died, its answer could not be read, or none came within
-  ANSWER_TIMEOUT) is killed, waited for, and what it may have started killed by the
-  container's tag (processes.kill_tagged) before the ServerUnavailable; a failed server is
-  not asked again for RETRY_SECONDS;
+  with the launcher's report. A server given up with the request in flight (it died, its
+  answer could not be read, or none came within ANSWER_TIMEOUT) is killed, waited for, and
+  what it may have started killed by the container's tag (processes.kill_tagged) before the
+  ServerUnavailable; a failed server is not asked again for RETRY_SECONDS;
 - requests are sent as they come, never waiting for the previous answer (each server answers
   in order), to the first server with none in flight, else the one with the fewest; there
   are SPAWN_SERVERS servers, started by `start_all` before the first start (or by the first
