@@ -124,8 +124,7 @@ async def mounts_alone(rt: ProcessRuntime, tmp_path: Path) -> int:
     )
     assert first.pid is not None
     parent = parent_of(first.pid)
-    namespace = os.readlink(f"/proc/{first.pid}/ns/mnt")
-    assert namespace != os.readlink("/proc/self/ns/mnt")
+    assert os.readlink(f"/proc/{first.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     # A start that fails in its namespace leaves the server ready for the next.
     with pytest.raises(StartError) as e:
         cfg = config(command=["no-such-program-pykubelet"], name="b")
@@ -175,6 +174,5 @@ async def test_without_spawn_servers_the_launch_server_spawns_it_in_its_own_name
     await wait_until(lambda: servers(spawn=True) == [], "the spawn servers to die")
     parent = await mounts_alone(rt, tmp_path)
     assert servers() == [parent]
-    server = parent
-    home = os.readlink(f"/proc/{server}/ns/mnt")
-    assert home != os.readlink("/proc/self/ns/mnt")  # its own, without the pods' volumes
+    # Back in its own namespace, the agent's without the pods' volumes.
+    assert os.readlink(f"/proc/{parent}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
