@@ -75,9 +75,9 @@ class LaunchServer:
         spawns: SpawnServers | None = None,
     ) -> None:
         """`pods_dir`: where the pods' volumes are mounted, which the servers' own mount
-        namespace leaves out (launcher.py). `spawns`: the plain containers' servers, whose
-        children `owns` and `reap_child` answer for too (spawnserver.py); their owner starts
-        and stops them."""
+        namespace leaves out (launcher.py). `spawns`: the spawn servers (of plain containers and
+        of those with mounts alone), whose children `owns` and `reap_child` answer for too
+        (spawnserver.py); their owner starts and stops them."""
         self._servers = [_Server(env, pods_dir) for _ in range(max(1, servers))]
         self._thread: ThreadPoolExecutor | None = None
         self._spawns = spawns

@@ -301,10 +301,9 @@ def _spawn_mounted(
 def _launch_namespace(pods_dir: str | None, home: int) -> int | None:
     """For a server that stays in the agent's namespace (its plain spawns run there): the
     launch server's own namespace (`own_namespace`) made once and held by an fd, the server
-    back in `home`; None where it cannot be made (each launch then copies the agent's)."""
-    if not pods_dir or os.readlink("/proc/self/root") != "/":
-        # In a chroot, a setns would take the server out of it: launches are refused
-        # (`serve`), and go through the launch servers.
+    back in `home`; None where it cannot be made (each launch then copies the agent's). Not
+    called in a chroot (`serve`)."""
+    if not pods_dir:
         return None
     made = own_namespace(pods_dir)
     base = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC) if made else None
@@ -345,10 +344,13 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None, in_agent_namespa
     launcher.prctl("server", "cannot follow the agent's death", PR_SET_PDEATHSIG, SIGKILL)
     if os.getppid() != agent_pid:
         os._exit(0)  # the agent died before the line above
+    # In a chroot, a setns (back to `home`) would take the server out of it: a spawn server
+    # makes no launch namespace and refuses launches, which go through the launch servers.
+    chrooted = os.readlink("/proc/self/root") != "/"
     base: int | None = None
     if in_agent_namespace:
         home = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-        base = _launch_namespace(pods_dir, home)
+        base = None if chrooted else _launch_namespace(pods_dir, home)
         pods_detached = False
     else:
         pods_detached = bool(pods_dir) and own_namespace(str(pods_dir))
@@ -359,8 +361,7 @@ def serve(socket_fd: int, agent_pid: int, pods_dir: str | None, in_agent_namespa
     for name in LAUNCH_CALLS:
         getattr(libc, name)  # looked up once here, not in every launcher
     spawnable_here = posixspawn.available()
-    # A setns (back to `home`) would take the server out of a chroot (`_launch_namespace`).
-    launches_here = spawnable_here and os.readlink("/proc/self/root") == "/"
+    launches_here = spawnable_here and not chrooted
     ignores = _inherited_ignores()  # as the server was started: read once
     # The stdin of the containers it spawns plainly, as the agent's own (spawn.null_stdin).
     null_stdin = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
