@@ -24,9 +24,14 @@ What this module promises:
   the agent's namespace (bound by their path in a copy of the agent's, where the server has
   no launch namespace: no open_tree, or no pods directory's mount); or raises `LaunchFailed`
   with the launcher's report. A server given up with the request in flight (it died, its
-  answer could not be read, or none came within ANSWER_TIMEOUT) is killed, waited for, and
-  what it may have started killed by the container's tag (processes.kill_tagged) before the
-  ServerUnavailable; a failed server is not asked again for RETRY_SECONDS;
+  answer could not be read, or none came within ANSWER_TIMEOUT) has its socket closed, is
+  waited for, and what it may have started killed by the container's tag
+  (processes.kill_tagged) before the ServerUnavailable; a failed server is not asked again
+  for RETRY_SECONDS. It is not killed at once: killed in a posix_spawn, it would leave a
+  child between its clone and its exec, whose environment (the server's until the exec)
+  has no tag yet. Its socket closed, it ends the request it is in (a posix_spawn returns
+  once the child has exec'd) and exits as it sends the answer; one still running after
+  GIVE_UP_GRACE seconds (stuck in the kernel) is killed;
 - requests are sent as they come, never waiting for the previous answer (each server answers
   in order), to the first server with none in flight, else the one with the fewest; there
   are SPAWN_SERVERS servers, started by `start_all` before the first start (or by the first
@@ -82,6 +87,8 @@ ANSWER_TIMEOUT = 30.0
 
 
 STOPPING = "the agent stops"
+# How long a server given up has to end the request it is in before it is killed.
+GIVE_UP_GRACE = 5.0
 
 
 class ServerUnavailable(Exception):
@@ -336,9 +343,15 @@ def server_process(
 
 
 def _waited(proc: subprocess.Popen[bytes]) -> None:
-    """A server given up (killed) waited for, a few seconds at most (blocks)."""
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
+    """A server given up (its socket closed) waited for until it exits, killed if it is still
+    running after GIVE_UP_GRACE seconds (blocks)."""
+    try:
+        proc.wait(timeout=GIVE_UP_GRACE)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=GIVE_UP_GRACE)
 
 
 class _Server:
@@ -484,10 +497,11 @@ class _Server:
                 answer.set_result(result)
 
     def detach(self, why: str) -> None:
-        """The server given up: its socket closed and its process killed, so that it starts
-        nothing more of what it was sent; the requests it was sent fail with ServerLost, those
-        still unsent with ServerUnavailable. Its children are init's once it is gone. After a
-        failure the starts go without it for RETRY_SECONDS."""
+        """The server given up: its socket closed, so that it starts nothing more of what it
+        was sent (it exits once the request it is in is done, as it sends that answer: the
+        caller waits for it, `_waited` or `stop`); the requests it was sent fail with
+        ServerLost, those still unsent with ServerUnavailable. Its children are init's once
+        it is gone. After a failure the starts go without it for RETRY_SECONDS."""
         self._stopped = self._stopped or why == STOPPING
         sock, self._socket = self._socket, None
         if sock is not None:
@@ -496,9 +510,6 @@ class _Server:
             if self._unsent:
                 self._loop.remove_writer(sock.fileno())
             sock.close()
-            if self._proc is not None:
-                with contextlib.suppress(OSError):
-                    self._proc.kill()
             if not self._stopped:
                 self._failed_at = time.monotonic()
                 log.warning(
@@ -521,10 +532,5 @@ class _Server:
     def stop(self) -> None:
         """Wait for the process (blocks), once `detach` closed its socket."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            _waited(proc)
