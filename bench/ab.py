@@ -1,7 +1,7 @@
 """Two or more versions of the agent alternated on one scenario, in the same minutes, and
 whether the difference is more than this machine's noise.
 
-    python -m bench.ab [--rounds R] [--pods N] [--scenario file|edits|cluster] [--tmpfs]
+    python -m bench.ab [--rounds R] [--pods N] [--scenario file|edits|cluster|idle] [--tmpfs]
                        ARM ARM [ARM ...]
 
 Each ARM is a git revision of this repository (its `pykubelet` package exported with `git
@@ -14,10 +14,11 @@ order reversed every other round, each run in a process of its own. Its working 
 the arm's: `python -m pykubelet` puts the working directory first on sys.path, so an agent
 started from the repository would run the repository's package whatever PYTHONPATH says.
 
-Scenarios (bench/latency.py, bench/cluster_start.py):
+Scenarios (bench/latency.py, bench/cluster_start.py, bench/steady.py):
   file     N manifests written at once, until all run (the agent-observed figures)
   edits    the same, then 20 single edits and 20 single deletes among the N pods
   cluster  N pods bound to the node through the fixture API server, --kube-api-qps 1000
+  idle     N pods running, the agent's CPU over IDLE_WINDOW_SECONDS and its RSS (bench/steady.py)
 
 Printed: each run's figures; then per arm the median and range of each figure and, for each
 arm after the first, in how many rounds it was lower than the first arm and the sign test's
@@ -84,10 +85,22 @@ def _cluster(pods: int) -> dict[str, float]:
     }
 
 
+def _idle(pods: int) -> dict[str, float]:
+    from bench import steady
+
+    r = steady.run(pods, IDLE_WINDOW_SECONDS)
+    return {"cpu_percent": round(100 * r["cpu_fraction_of_a_core"], 3), "rss_mib": r["rss_mib"]}
+
+
+# Shorter than `make bench`'s minute: rounds are alternated, so what a window misses (the
+# minute's resync of every pod) falls in every arm's alike.
+IDLE_WINDOW_SECONDS = 30.0
+
 SCENARIOS: dict[str, Callable[[int], dict[str, float]]] = {
     "file": _file,
     "edits": _edits,
     "cluster": _cluster,
+    "idle": _idle,
 }
 
 

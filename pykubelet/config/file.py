@@ -46,10 +46,12 @@ WATCH_MASK = (
 # A burst of events (an editor's save, `cp *`) is folded into one scan after this quiet time.
 DEBOUNCE_SECONDS = 0.002
 # In a burst (a scan ended less than this per pod ago), scans are spaced by as much: each batch
-# costs the merger and the sync loop a pass over every pod, so 1,000 manifests written one by
-# one must not become 1,000 batches (20 ms apart at 1,000 pods; an edit after a quiet time is
-# scanned after the debounce alone).
-BURST_SPACING_PER_POD = 20e-6
+# costs the merger and the sync loop a pass over every pod (about 1 ms at 1,000), so 1,000
+# manifests written one by one must not become 1,000 batches (5 ms apart at 1,000 pods; an edit
+# after a quiet time is scanned after the debounce alone). 20 us a pod held each of 20 deletes
+# made one after the other 20 ms behind the last one's scan (p99 53 -> 27 ms at 5 us, the
+# bursts of 100 and 1,000 unchanged: bench/HISTORY.md, session 28).
+BURST_SPACING_PER_POD = 5e-6
 WATCH_RETRY_MIN, WATCH_RETRY_MAX = 1.0, 20.0
 
 
