@@ -29,9 +29,9 @@ What this module promises:
   (processes.kill_tagged) before the ServerUnavailable; a failed server is not asked again
   for RETRY_SECONDS. It is not killed at once: killed in a posix_spawn, it would leave a
   child between its clone and its exec, whose environment (the server's until the exec)
-  has no tag yet. Its socket closed, it ends the request it is in (a posix_spawn returns
-  once the child has exec'd) and exits as it sends the answer; one still running after
-  GIVE_UP_GRACE seconds (stuck in the kernel) is killed;
+  has no tag yet. Its socket closed, it ends the request it is in (or the next one, already
+  in its socket; a posix_spawn returns once the child has exec'd) and exits as it sends the
+  answer; one still running after GIVE_UP_GRACE seconds (stuck in the kernel) is killed;
 - requests are sent as they come, never waiting for the previous answer (each server answers
   in order), to the first server with none in flight, else the one with the fewest; there
   are SPAWN_SERVERS servers, started by `start_all` before the first start (or by the first
@@ -498,8 +498,8 @@ class _Server:
 
     def detach(self, why: str) -> None:
         """The server given up: its socket closed, so that it starts nothing more of what it
-        was sent (it exits once the request it is in is done, as it sends that answer: the
-        caller waits for it, `_waited` or `stop`); the requests it was sent fail with
+        was sent than the request it is in or the next one (it exits as it sends that answer:
+        the callers wait for it, `_waited` or `stop`); the requests it was sent fail with
         ServerLost, those still unsent with ServerUnavailable. Its children are init's once
         it is gone. After a failure the starts go without it for RETRY_SECONDS."""
         self._stopped = self._stopped or why == STOPPING
